@@ -1,0 +1,1 @@
+"""Triton kernels and their torch twins (``reference``); call ops through ``catengine.kernels.ops``."""

@@ -1,0 +1,38 @@
+"""Qwen3.5/3.6 models: config, registry, loading."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .config import ModelConfig
+from .registry import MODEL_REGISTRY, model_class
+
+__all__ = ["ModelConfig", "MODEL_REGISTRY", "model_class", "load_model"]
+
+
+def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device="cpu", load_mtp: bool = True,
+               progress: bool = True):
+    """Build the model for ``path``'s config.json and stream its safetensors into it.
+    The MTP head is built when ``load_mtp`` and the checkpoint holds ``mtp.*`` tensors."""
+    from .loader import iter_checkpoint
+
+    config = ModelConfig.from_pretrained(path)
+    with_mtp = load_mtp and _has_mtp(Path(path))
+    model = model_class(config.architecture)(config, dtype, device, with_mtp=with_mtp)
+    weights = iter_checkpoint(path, config, device=device, dtype=dtype, progress=progress)
+    if not with_mtp:
+        weights = ((n, v) for n, v in weights if not n.startswith("mtp."))
+    model.load_weights(weights)
+    return model
+
+
+def _has_mtp(path: Path) -> bool:
+    """True when any safetensors file holds an ``mtp.*`` tensor (reads headers only)."""
+    from safetensors import safe_open
+
+    for f in sorted(path.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            if any(k.startswith("mtp.") for k in st.keys()):
+                return True
+    return False

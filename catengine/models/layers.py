@@ -1,0 +1,179 @@
+"""The blocks of a Qwen3.5/3.6 decoder layer, written against the flat batch (see QWEN35.md for the math).
+
+Every op goes through ``catengine.kernels.ops``, so the same code runs the Triton kernels on CUDA and
+the torch twins on the CPU.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..kernels import ops
+from .batch import AttentionCache, BatchMetadata, GDNStateCache
+from .config import ModelConfig
+from .linear import Linear, MergedLinear, WeightSlots
+
+
+class Norm:
+    """Qwen's (1 + w) RMSNorm; the weight is stored as w, the kernel adds 1."""
+
+    def __init__(self, eps: float):
+        self.eps = eps
+        self.weight: torch.Tensor | None = None
+
+    def register(self, slots: WeightSlots, name: str) -> None:
+        slots.add(f"{name}.weight", lambda v: setattr(self, "weight", v))
+
+    def __call__(self, x, residual=None):
+        return ops.rms_norm(x, self.weight, self.eps, residual)
+
+
+class Attention:
+    """Gated full attention: q (with a per-head output gate) / k / v, q/k norm, partial RoPE, paged KV."""
+
+    def __init__(self, cfg: ModelConfig, rope_cache: torch.Tensor):
+        self.nh, self.nkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.eps = cfg.rms_norm_eps
+        self.scale = self.d ** -0.5
+        self.rope_cache = rope_cache
+        # q_proj emits [q_h | gate_h] per head, hence 2 * nh * d
+        self.qkv_proj = MergedLinear(cfg.hidden_size, [2 * self.nh * self.d, self.nkv * self.d, self.nkv * self.d])
+        self.o_proj = Linear(self.nh * self.d, cfg.hidden_size)
+        self.q_norm, self.k_norm = Norm(self.eps), Norm(self.eps)
+
+    def register(self, slots: WeightSlots, prefix: str) -> None:
+        for i, part in enumerate(("q_proj", "k_proj", "v_proj")):
+            self.qkv_proj.register_part(slots, i, f"{prefix}.{part}")
+        self.o_proj.register(slots, f"{prefix}.o_proj")
+        self.q_norm.register(slots, f"{prefix}.q_norm")
+        self.k_norm.register(slots, f"{prefix}.k_norm")
+
+    def __call__(self, x, positions, batch: BatchMetadata, cache: AttentionCache):
+        t = x.shape[0]
+        qg, k, v = self.qkv_proj.split(self.qkv_proj(x))
+        qg = qg.view(t, self.nh, 2 * self.d)
+        q, gate = qg[..., : self.d].contiguous(), qg[..., self.d:].contiguous()
+        k, v = k.reshape(t, self.nkv, self.d), v.reshape(t, self.nkv, self.d).contiguous()
+        q, k = ops.qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight, positions, self.rope_cache, self.eps)
+        ops.store_kv(k, v, cache.k, cache.v, batch.slot_mapping)
+        o = ops.paged_attention(q, cache.k, cache.v, batch.block_tables, batch.seq_lens, batch.query_start_loc,
+                                self.scale, batch.max_query_len, batch.max_seq_len, gate=gate)
+        return self.o_proj(o.view(t, self.nh * self.d))
+
+
+class GatedDeltaNet:
+    """Linear attention layer: causal conv + gated delta rule with per-sequence state slots."""
+
+    def __init__(self, cfg: ModelConfig):
+        self.hk, self.hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+        self.dk, self.dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        self.key_dim, self.value_dim = cfg.linear_key_dim, cfg.linear_value_dim
+        self.eps = cfg.rms_norm_eps
+        self.in_proj_qkvz = MergedLinear(cfg.hidden_size, [cfg.conv_dim, self.value_dim])
+        self.in_proj_ba = MergedLinear(cfg.hidden_size, [self.hv, self.hv])
+        self.out_proj = Linear(self.value_dim, cfg.hidden_size)
+        self.conv_weight = self.A_log = self.dt_bias = self.norm_weight = None
+
+    def register(self, slots: WeightSlots, prefix: str) -> None:
+        self.in_proj_qkvz.register_part(slots, 0, f"{prefix}.in_proj_qkv")
+        self.in_proj_qkvz.register_part(slots, 1, f"{prefix}.in_proj_z")
+        self.in_proj_ba.register_part(slots, 0, f"{prefix}.in_proj_b")
+        self.in_proj_ba.register_part(slots, 1, f"{prefix}.in_proj_a")
+        self.out_proj.register(slots, f"{prefix}.out_proj")
+        # conv1d weight is [C, 1, Kc] on disk; the kernels take [C, Kc]
+        slots.add(f"{prefix}.conv1d.weight", lambda v: setattr(self, "conv_weight", v.reshape(v.shape[0], -1)))
+        # the decay parameters feed exp/softplus: keep them in fp32 whatever the model dtype
+        slots.add(f"{prefix}.A_log", lambda v: setattr(self, "A_log", v), keep_fp32=True)
+        slots.add(f"{prefix}.dt_bias", lambda v: setattr(self, "dt_bias", v), keep_fp32=True)
+        slots.add(f"{prefix}.norm.weight", lambda v: setattr(self, "norm_weight", v))
+
+    def __call__(self, x, positions, batch: BatchMetadata, cache: GDNStateCache):
+        t = x.shape[0]
+        mixed, z = self.in_proj_qkvz.split(self.in_proj_qkvz(x))
+        b, a = self.in_proj_ba.split(self.in_proj_ba(x))
+        mixed = mixed.contiguous()
+        if batch.decode_only:
+            mixed = ops.causal_conv1d_update(mixed, self.conv_weight, cache.conv, batch.state_slots)
+        else:
+            mixed = ops.causal_conv1d(mixed, self.conv_weight, cache.conv, batch.query_start_loc,
+                                      batch.state_slots, batch.has_initial_state)
+        q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q = q.reshape(t, self.hk, self.dk)
+        k = k.reshape(t, self.hk, self.dk)
+        v = v.reshape(t, self.hv, self.dv)
+        g, beta = ops.gdn_gating(self.A_log, a.contiguous(), self.dt_bias, b.contiguous())
+        rule = ops.recurrent_gated_delta_rule if batch.decode_only else ops.chunk_gated_delta_rule
+        extra = {"intermediate_state_slots": batch.intermediate_state_slots} if batch.decode_only else {}
+        o = rule(q, k, v, g, beta, cache.ssm, batch.query_start_loc, batch.state_slots, batch.has_initial_state,
+                 self.dk ** -0.5, True, **extra)
+        o = ops.gated_rms_norm(o, z.reshape(t, self.hv, self.dv), self.norm_weight, self.eps)
+        return self.out_proj(o.reshape(t, self.value_dim))
+
+
+class MLP:
+    """SwiGLU feed-forward: down(silu(gate x) * up x), gate and up in one GEMM."""
+
+    def __init__(self, hidden: int, intermediate: int):
+        self.gate_up_proj = MergedLinear(hidden, [intermediate, intermediate])
+        self.down_proj = Linear(intermediate, hidden)
+
+    def register(self, slots: WeightSlots, prefix: str) -> None:
+        self.gate_up_proj.register_part(slots, 0, f"{prefix}.gate_proj")
+        self.gate_up_proj.register_part(slots, 1, f"{prefix}.up_proj")
+        self.down_proj.register(slots, f"{prefix}.down_proj")
+
+    def __call__(self, x):
+        return self.down_proj(ops.silu_mul(self.gate_up_proj(x)))
+
+
+class SparseMoE:
+    """Top-k routed experts plus a sigmoid-gated shared expert."""
+
+    def __init__(self, cfg: ModelConfig):
+        self.top_k, self.renormalize = cfg.num_experts_per_tok, cfg.norm_topk_prob
+        self.num_experts = cfg.num_experts
+        self.router_weight = self.w13 = self.w2 = self.shared_gate_weight = None
+        self.shared_expert = MLP(cfg.hidden_size, cfg.shared_expert_intermediate_size) \
+            if cfg.shared_expert_intermediate_size else None
+
+    def register(self, slots: WeightSlots, prefix: str) -> None:
+        slots.add(f"{prefix}.gate.weight", lambda v: setattr(self, "router_weight", v))
+        slots.add(f"{prefix}.experts.gate_up_proj", lambda v: setattr(self, "w13", v))
+        slots.add(f"{prefix}.experts.down_proj", lambda v: setattr(self, "w2", v))
+        if self.shared_expert is not None:
+            self.shared_expert.register(slots, f"{prefix}.shared_expert")
+            slots.add(f"{prefix}.shared_expert_gate.weight", lambda v: setattr(self, "shared_gate_weight", v))
+
+    def __call__(self, x):
+        weights, ids = ops.moe_route(F.linear(x, self.router_weight), self.top_k, self.renormalize)
+        out = ops.fused_moe(x, self.w13, self.w2, weights, ids)
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(F.linear(x, self.shared_gate_weight)) * self.shared_expert(x)
+        return out
+
+
+class DecoderLayer:
+    """x += mixer(norm1(x)); x += mlp(norm2(x)); the residual add is fused into the next norm."""
+
+    def __init__(self, cfg: ModelConfig, layer_type: str, rope_cache: torch.Tensor):
+        self.layer_type = layer_type
+        self.input_layernorm = Norm(cfg.rms_norm_eps)
+        self.post_attention_layernorm = Norm(cfg.rms_norm_eps)
+        self.mixer = Attention(cfg, rope_cache) if layer_type == "full_attention" else GatedDeltaNet(cfg)
+        self.mlp = SparseMoE(cfg) if cfg.is_moe else MLP(cfg.hidden_size, cfg.intermediate_size)
+
+    def register(self, slots: WeightSlots, prefix: str) -> None:
+        self.input_layernorm.register(slots, f"{prefix}.input_layernorm")
+        self.post_attention_layernorm.register(slots, f"{prefix}.post_attention_layernorm")
+        mixer_name = "self_attn" if self.layer_type == "full_attention" else "linear_attn"
+        self.mixer.register(slots, f"{prefix}.{mixer_name}")
+        self.mlp.register(slots, f"{prefix}.mlp")
+
+    def __call__(self, h, residual, positions, batch, cache):
+        if residual is None:
+            residual, x = h, self.input_layernorm(h)
+        else:
+            x, residual = self.input_layernorm(h, residual)
+        x = self.mixer(x, positions, batch, cache)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
