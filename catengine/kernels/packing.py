@@ -65,7 +65,7 @@ def unpack_int4_along_k(packed: torch.Tensor) -> torch.Tensor:
     """Inverse of :func:`pack_int4_along_k`: int32 ``[..., K // 8, N]`` -> int32 codes ``[..., K, N]``."""
     *lead, k8, n = packed.shape
     shifts = (torch.arange(8, device=packed.device, dtype=torch.int32) * 4).view(8, 1)
-    q = (packed.unsqueeze(-3) >> shifts) & 0xF
+    q = (packed.unsqueeze(-2) >> shifts) & 0xF  # [..., K//8, 8, N]
     return q.reshape(*lead, k8 * 8, n)
 
 
