@@ -8,3 +8,9 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+# One demo-model build per test session, outside the user's cache (tests that need their own set it themselves).
+if "CATENGINE_CACHE" not in os.environ:
+    import tempfile
+
+    os.environ["CATENGINE_CACHE"] = tempfile.mkdtemp(prefix="catengine-test-cache-")
