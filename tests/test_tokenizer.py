@@ -4,7 +4,6 @@ Three tokenizers: the demo model's (the real Qwen3.5 vocabulary), a tiny byte-le
 SentencePiece-style BPE with byte fallback (``<0xNN>`` tokens), both trained here in milliseconds.
 """
 import json
-import os
 import string
 
 import pytest
