@@ -28,11 +28,7 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device="cpu
 
 
 def _has_mtp(path: Path) -> bool:
-    """True when any safetensors file holds an ``mtp.*`` tensor (reads headers only)."""
-    from safetensors import safe_open
+    """True when the checkpoint holds ``mtp.*`` tensors (reads headers only, following the index)."""
+    from .loader import list_tensors
 
-    for f in sorted(path.glob("*.safetensors")):
-        with safe_open(str(f), framework="pt") as st:
-            if any(k.startswith("mtp.") for k in st.keys()):
-                return True
-    return False
+    return any(t.name.startswith("mtp.") for t in list_tensors(path))
