@@ -1,0 +1,161 @@
+"""EngineConfig: every setting of an Engine, frozen, validated with messages that say what to change.
+
+``Engine(**kwargs)`` takes exactly these fields; ``catengine serve`` builds its flags from them
+(``metadata["help"]`` is the flag's help text). ``None`` means "pick for me": the engine resolves it
+from the model and the device (see :meth:`EngineConfig.resolve`) and exposes the resolved copy as
+``engine.config``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass, field
+
+import torch
+
+from .errors import ConfigError
+
+DTYPES = {"float16": torch.float16, "half": torch.float16, "fp16": torch.float16,
+          "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float32": torch.float32, "float": torch.float32, "fp32": torch.float32}
+KV_CACHE_DTYPES = ("auto", "fp8_e5m2")
+CPU_KV_CACHE_BYTES = 256 << 20   # default KV + state budget on CPU
+DEFAULT_MAX_NUM_SEQS = {"cuda": 256, "cpu": 64}
+DEFAULT_MAX_BATCHED_TOKENS = {"cuda": 8192, "cpu": 2048}
+
+
+def _help(text: str, default=None, **kw):
+    return field(default=default, metadata={"help": text}, **kw)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str | None = _help("model directory (Hugging Face layout); None: the embedded demo model")
+    tokenizer: str | None = _help("tokenizer directory; None: the model directory")
+    chat_template: str | None = _help("chat template (a .jinja path or the template text) overriding the model's")
+    dtype: str = _help("weights/activations dtype: auto (float32 on CPU, float16 on CUDA), float16, bfloat16, "
+                       "float32", "auto")
+    device: str = _help("auto (cuda when available), cpu, cuda or cuda:N", "auto")
+    max_model_len: int | None = _help("longest sequence (prompt + output) in tokens; None: the model's maximum, "
+                                      "lowered to what the KV cache holds")
+    max_num_seqs: int | None = _help("most sequences running at once; None: 256 on CUDA, 64 on CPU")
+    max_num_batched_tokens: int | None = _help("token budget of one step (prompt chunks + decodes); None: 8192 on "
+                                               "CUDA, 2048 on CPU")
+    kv_cache_dtype: str = _help("KV cache storage: auto (the model dtype) or fp8_e5m2", "auto")
+    block_size: int = _help("tokens per KV block (also the prefix-cache and state-snapshot granularity)", 16)
+    enable_prefix_caching: bool = _help("reuse the KV blocks and GDN states of shared prompt prefixes", True)
+    gpu_memory_utilization: float = _help("fraction of the GPU's memory the engine may use in total", 0.9)
+    kv_cache_memory_bytes: int | None = _help("exact bytes for KV blocks + state slots (skips the GPU profile); "
+                                              "None: profiled on CUDA, 256 MiB on CPU")
+    kv_cache_auto_trim_ratio: float = _help("cap the KV cache at ratio * max_model_len * max_num_seqs tokens so "
+                                            "memory is not reserved for sequences that cannot run; 0 disables",
+                                            1.05)
+    seed: int = _help("seed of the per-request seeds drawn for requests without one", 0)
+    num_state_snapshots: int | None = _help("GDN state snapshot slots for hybrid prefix caching; None: about 10% "
+                                            "of the cache budget, at most 2 * max_num_seqs")
+    num_kv_blocks: int | None = _help("exact number of KV blocks (testing/debugging); None: from the memory plan")
+    enforce_eager: bool = _help("never use CUDA graphs", False)
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> "EngineConfig":
+        """Raise ConfigError naming the first invalid field and a valid value; returns self."""
+        for name in ("model", "tokenizer", "chat_template"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, (str, bytes)) and not hasattr(value, "__fspath__"):
+                raise ConfigError(f"{name} must be a path string or None, got {value!r}")
+        if not isinstance(self.dtype, str) or (self.dtype != "auto" and self.dtype.lower() not in DTYPES):
+            raise ConfigError(f"dtype {self.dtype!r} is not supported; use auto, float16, bfloat16 or float32")
+        if not isinstance(self.device, str) or not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
+            raise ConfigError(f"device {self.device!r} is not supported; use auto, cpu, cuda or cuda:N")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            hint = (" (fp8 e4m3 needs sm_89+ and is not offered; fp8_e5m2 works on every GPU)"
+                    if isinstance(self.kv_cache_dtype, str) and self.kv_cache_dtype.startswith("fp8") else "")
+            raise ConfigError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not supported{hint}; use auto or fp8_e5m2")
+        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory_bytes",
+                     "num_kv_blocks"):
+            _positive_int(self, name, optional=True)
+        _positive_int(self, "block_size")
+        if self.block_size & (self.block_size - 1) or self.block_size > 1024:
+            raise ConfigError(f"block_size must be a power of two up to 1024 (16 is usual), got {self.block_size}")
+        if self.num_state_snapshots is not None:
+            _int(self, "num_state_snapshots")
+            if self.num_state_snapshots < 0:
+                raise ConfigError(f"num_state_snapshots must be >= 0 or None, got {self.num_state_snapshots}")
+        for name in ("enable_prefix_caching", "enforce_eager"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        u = self.gpu_memory_utilization
+        if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0.0 < u <= 1.0:
+            raise ConfigError(f"gpu_memory_utilization must be in (0, 1], e.g. 0.9; got {u!r}")
+        r = self.kv_cache_auto_trim_ratio
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or r < 0:
+            raise ConfigError(f"kv_cache_auto_trim_ratio must be a number >= 0 (0 disables trimming), got {r!r}")
+        _int(self, "seed")
+        if (self.max_num_seqs is not None and self.max_num_batched_tokens is not None
+                and self.max_num_batched_tokens < self.max_num_seqs):
+            raise ConfigError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
+                              f"({self.max_num_seqs}) so every running sequence can decode each step; raise it or "
+                              f"lower max_num_seqs")
+        return self
+
+    # ------------------------------------------------------------------ resolution
+    def resolve(self, *, device: torch.device, max_position_embeddings: int) -> "EngineConfig":
+        """A copy with device, dtype and the batch limits made concrete for this device and model
+        (max_model_len stays None when unset: the memory plan picks it)."""
+        kind = device.type if device.type in DEFAULT_MAX_NUM_SEQS else "cuda"
+        if self.max_model_len is not None and self.max_model_len > max_position_embeddings:
+            raise ConfigError(f"max_model_len {self.max_model_len} exceeds the model's max_position_embeddings "
+                              f"({max_position_embeddings}); use at most {max_position_embeddings}")
+        max_num_seqs = self.max_num_seqs or DEFAULT_MAX_NUM_SEQS[kind]
+        budget = self.max_num_batched_tokens or max(DEFAULT_MAX_BATCHED_TOKENS[kind], max_num_seqs)
+        if budget < max_num_seqs:
+            raise ConfigError(f"max_num_batched_tokens ({budget}) must be >= max_num_seqs ({max_num_seqs}); "
+                              f"raise it or lower max_num_seqs")
+        dtype_name = self.dtype if self.dtype != "auto" else ("float32" if device.type == "cpu" else "float16")
+        return dataclasses.replace(self, device=str(device), dtype=_canonical_dtype(dtype_name),
+                                   max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype == "auto":
+            raise ConfigError("dtype is still 'auto'; call resolve() first")
+        return DTYPES[self.dtype.lower()]
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device {name!r} was asked for but CUDA is not available; use device='cpu'")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(f"device {name!r} does not exist: this machine has {torch.cuda.device_count()} GPU(s)")
+    return device
+
+
+def check_dtype_supported(dtype: torch.dtype, device: torch.device) -> None:
+    if device.type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        cap = torch.cuda.get_device_capability(device)
+        raise ConfigError(f"bfloat16 needs an sm_80+ GPU; this one is sm_{cap[0]}{cap[1]}: use dtype='float16'")
+
+
+def _canonical_dtype(name: str) -> str:
+    dtype = DTYPES[name.lower()]
+    return {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}[dtype]
+
+
+def _int(cfg: EngineConfig, name: str) -> None:
+    value = getattr(cfg, name)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
+
+
+def _positive_int(cfg: EngineConfig, name: str, optional: bool = False) -> None:
+    value = getattr(cfg, name)
+    if value is None and optional:
+        return
+    _int(cfg, name)
+    if value < 1:
+        raise ConfigError(f"{name} must be a positive integer{' or None' if optional else ''}, got {value}")

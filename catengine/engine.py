@@ -1,0 +1,349 @@
+"""Engine: requests in, tokens and text out, one step at a time.
+
+    engine = Engine()                                   # the demo model
+    outs = engine.generate(["Hello", "Hi"], SamplingParams(temperature=0, max_tokens=8))
+
+Lifecycle of a request (docs/architecture.md has the full walk-through): ``add_request`` ->
+``prepare_request`` (tokenize, validate, draw seeds) -> ``Scheduler.add`` ... each ``step``:
+``Scheduler.schedule`` -> ``ModelRunner.execute`` -> ``Scheduler.update`` -> ``Completion.add_token``
+(detokenize, stop checks) -> ``Scheduler.finish`` -> outputs. Not thread-safe: one thread drives an
+Engine (``AsyncEngine`` runs it on its own thread).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import EngineConfig, check_dtype_supported, resolve_device
+from .errors import ConfigError, ContextTooLong, InvalidRequest
+from .memory import MemoryPlan, cuda_cache_budget, plan_memory
+from .outputs import RequestOutput, StreamDelta
+from .request_state import PreparedRequest, RequestState
+from .runner import ModelRunner
+from .sampling import SamplingParams
+from .scheduler import Scheduler, SchedulerConfig
+from .tokenizer import Tokenizer
+
+log = logging.getLogger("catengine")
+
+Prompt = str | list[int] | Mapping[str, Any]
+
+
+class Engine:
+    def __init__(self, model: str | None = None, *, config: EngineConfig | None = None, **kwargs):
+        """``Engine(model=None|path, dtype=..., ...)``: every keyword is an :class:`EngineConfig` field
+        (or pass ``config=EngineConfig(...)``)."""
+        if config is None:
+            unknown = sorted(set(kwargs) - set(EngineConfig.__dataclass_fields__))
+            if unknown:
+                raise ConfigError(f"unknown engine setting(s) {unknown}; valid: "
+                                  f"{sorted(EngineConfig.__dataclass_fields__)}")
+            config = EngineConfig(model=None if model is None else str(model), **kwargs)
+        elif model is not None or kwargs:
+            raise ConfigError("pass either config=EngineConfig(...) or keyword settings, not both")
+        config.validate()
+        self._build(config)
+
+    # ------------------------------------------------------------------ construction
+    def _build(self, config: EngineConfig) -> None:
+        from .models import ModelConfig, load_model
+
+        device = resolve_device(config.device)
+        if config.model is None:
+            from .demo import demo_model_path
+            path = Path(demo_model_path())
+        else:
+            path = Path(config.model).expanduser()
+        self.model_path = path
+        model_config = ModelConfig.from_pretrained(path)
+        cfg = config.resolve(device=device, max_position_embeddings=model_config.max_position_embeddings)
+        check_dtype_supported(cfg.torch_dtype, device)
+        if device.type == "cuda" and device.index is not None:
+            torch.cuda.set_device(device)
+        self.tokenizer = Tokenizer(cfg.tokenizer or path, chat_template=cfg.chat_template)
+        self.model = load_model(path, dtype=cfg.torch_dtype, device=device, load_mtp=False)
+        self.model_config = model_config
+        self.device = device
+        self.eos_token_ids = tuple(sorted(set(self.tokenizer.eos_token_ids) | set(model_config.eos_token_ids)))
+        self.vocab_size = model_config.vocab_size
+        self.runner = ModelRunner(self.model, None, block_size=cfg.block_size, device=device,
+                                  eos_token_ids=self.eos_token_ids)
+        self.memory_plan = self._plan_memory(cfg)
+        plan = self.memory_plan
+        self.config = dataclasses.replace(cfg, max_model_len=plan.max_model_len)
+        self.runner.caches = self.model.allocate_caches(plan.num_blocks, cfg.block_size, plan.num_state_slots,
+                                                        cfg.kv_cache_dtype, device)
+        self.scheduler = Scheduler(SchedulerConfig(
+            num_blocks=plan.num_blocks, block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
+            max_num_batched_tokens=cfg.max_num_batched_tokens, max_model_len=plan.max_model_len,
+            enable_prefix_caching=cfg.enable_prefix_caching, num_snapshot_slots=plan.num_snapshot_slots,
+            hybrid=bool(model_config.linear_attention_layers)))
+        self._rng = random.Random(cfg.seed)
+        self._rng_lock = threading.Lock()
+        self._requests: dict[str, RequestState] = {}
+        self._touched: dict[str, RequestState] = {}  # requests changed since the last step's outputs
+        self._counters = Counter()
+        self._finish_reasons = Counter()
+        log.info("catengine: %s on %s (%s); %s", path, device, cfg.dtype, plan.describe())
+
+    def _plan_memory(self, cfg: EngineConfig) -> MemoryPlan:
+        kv_per_block = self.model.kv_cache_bytes_per_block(cfg.block_size, cfg.kv_cache_dtype)
+        state_per_slot = self.model.state_bytes_per_slot()
+        budget = None
+        if self.device.type == "cuda" and cfg.kv_cache_memory_bytes is None and cfg.num_kv_blocks is None:
+            torch.cuda.empty_cache()
+            free, total = torch.cuda.mem_get_info(self.device)
+            used = total - free
+            torch.cuda.reset_peak_memory_stats(self.device)
+            base = torch.cuda.memory_allocated(self.device)
+
+            def make_caches(num_blocks, num_slots):
+                return self.model.allocate_caches(num_blocks, cfg.block_size, num_slots, cfg.kv_cache_dtype,
+                                                  self.device)
+
+            cache_bytes = self.runner.profile_step(cfg.max_num_batched_tokens, cfg.max_num_seqs, make_caches)
+            peak = torch.cuda.max_memory_allocated(self.device) - base - cache_bytes
+            torch.cuda.empty_cache()
+            budget = cuda_cache_budget(cfg, self.device, used, peak)
+        return plan_memory(cfg, kv_bytes_per_block=kv_per_block, state_bytes_per_slot=state_per_slot,
+                           hybrid=bool(self.model_config.linear_attention_layers),
+                           max_position_embeddings=self.model_config.max_position_embeddings, budget_bytes=budget)
+
+    # ------------------------------------------------------------------ requests
+    def default_sampling_params(self) -> SamplingParams:
+        """The model's generation_config.json defaults (temperature, top_p, top_k, ...), max_tokens 16."""
+        return SamplingParams.from_request({}, self.tokenizer.generation_config)
+
+    def prepare_request(self, request_id: str | None, prompt: Prompt, params: SamplingParams | None = None, *,
+                        arrival_time: float | None = None, special_tokens_visible: bool = False) -> PreparedRequest:
+        """Tokenize and validate a request without queuing it (safe to call from another thread).
+        Raises InvalidRequest / ContextTooLong / CapacityExceeded."""
+        params = self.default_sampling_params() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequest(f"params must be a SamplingParams, got {type(params).__name__}")
+        text, ids = self._tokenize(prompt)
+        params.verify_vocab(self.vocab_size)
+        max_len = self.config.max_model_len
+        max_tokens = params.max_tokens if params.max_tokens is not None else max_len - len(ids)
+        if max_tokens < 1:
+            raise ContextTooLong(f"the prompt has {len(ids)} tokens but max_model_len is {max_len}, which leaves no "
+                                 f"room for output; shorten the prompt")
+        self.scheduler.check_fits(len(ids), len(ids) + max_tokens)
+        children = [params.child(i) for i in range(params.n)]
+        with self._rng_lock:
+            seeds = [c.seed if c.seed is not None else self._rng.getrandbits(63) for c in children]
+        return PreparedRequest(request_id or uuid.uuid4().hex, text, ids, params, max_tokens, children, seeds,
+                               time.time() if arrival_time is None else arrival_time, special_tokens_visible)
+
+    def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, Mapping):
+            text, ids = prompt.get("prompt"), prompt.get("prompt_token_ids")
+            if ids is None:
+                if not isinstance(text, str):
+                    raise InvalidRequest("a prompt dict needs 'prompt' (a string) or 'prompt_token_ids'")
+                ids = self.tokenizer.encode(text)
+        elif isinstance(prompt, str):
+            text, ids = prompt, self.tokenizer.encode(prompt)
+        elif isinstance(prompt, (list, tuple)):
+            text, ids = None, prompt
+        else:
+            raise InvalidRequest(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+        if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < self.vocab_size for t in ids):
+            raise InvalidRequest(f"prompt token ids must be integers in [0, {self.vocab_size})")
+        if not ids:
+            raise InvalidRequest("the prompt is empty; send at least one token")
+        return text, [int(t) for t in ids]
+
+    def add_prepared(self, prep: PreparedRequest) -> str:
+        if prep.request_id in self._requests:
+            raise InvalidRequest(f"request id {prep.request_id!r} is already in use; pick a unique id")
+        state = RequestState(prep, self.tokenizer, self.eos_token_ids)
+        forks = [(seed, p) for seed, p in zip(prep.seeds[1:], prep.completion_params[1:])]
+        seq = self.scheduler.add(prep.request_id, prep.prompt_token_ids, len(prep.prompt_token_ids) + prep.max_tokens,
+                                 params=prep.completion_params[0], seed=prep.seeds[0], forks=forks)
+        state.completions[0].seq = seq
+        self._requests[prep.request_id] = state
+        return prep.request_id
+
+    def add_request(self, request_id: str | None, prompt: Prompt, params: SamplingParams | None = None, *,
+                    arrival_time: float | None = None, special_tokens_visible: bool = False) -> str:
+        """Queue a request; returns its id (a fresh one when ``request_id`` is None)."""
+        return self.add_prepared(self.prepare_request(request_id, prompt, params, arrival_time=arrival_time,
+                                                      special_tokens_visible=special_tokens_visible))
+
+    def abort(self, request_id: str | list[str]) -> None:
+        """Stop requests now, freeing their blocks and slots; unknown or finished ids are ignored. Each
+        aborted completion's final output (finish_reason "abort") comes with the next ``step``."""
+        for rid in [request_id] if isinstance(request_id, str) else list(request_id):
+            state = self._requests.get(rid)
+            if state is None or state.finished:
+                continue
+            self.scheduler.abort(rid)
+            for c in state.completions:
+                if not c.finished:
+                    c.finish("abort")
+                    self._finish_reasons["abort"] += 1
+            state.metrics.finished_time = time.time()
+            self._touched[rid] = state
+
+    def has_unfinished(self) -> bool:
+        return bool(self._requests)
+
+    def get_num_unfinished_requests(self) -> int:
+        return sum(not s.finished for s in self._requests.values())
+
+    # ------------------------------------------------------------------ stepping
+    def _advance(self) -> list[RequestState]:
+        """Run one scheduler step (when there is work); returns the requests that changed."""
+        sched = self.scheduler
+        if sched.has_unfinished():
+            out = sched.schedule()
+            if out.is_empty:
+                raise RuntimeError("the scheduler has work but scheduled nothing; this is a bug")
+            now = time.time()
+            for item in out.scheduled:
+                metrics = self._requests[item.seq.request_id].metrics
+                if metrics.first_scheduled_time is None:
+                    metrics.first_scheduled_time = now
+            result = self.runner.execute(out)
+            events = sched.update(out, result.token_ids)
+            now = time.time()
+            max_len = self.config.max_model_len
+            for seq, token, row in events:
+                state = self._requests[seq.request_id]
+                c = state.completions[seq.index]
+                c.seq = seq
+                if state.metrics.first_token_time is None:
+                    state.metrics.first_token_time = now
+                    state.num_cached_tokens = seq.num_cached_tokens
+                    self._counters["prompt_tokens_total"] += len(state.prompt_token_ids)
+                state.metrics.last_token_time = now
+                self._counters["generation_tokens_total"] += 1
+                reason = c.add_token(token, result.logprobs[row], max_len, len(state.prompt_token_ids))
+                if reason is not None:
+                    sched.finish(seq, reason)
+                    self._finish_reasons[reason] += 1
+                    if state.finished:
+                        state.metrics.finished_time = now
+                self._touched[state.request_id] = state
+            self._counters["num_steps"] += 1
+        touched = list(self._touched.values())
+        self._touched = {}
+        for state in touched:
+            if state.finished:
+                self._requests.pop(state.request_id, None)
+        return touched
+
+    def step_deltas(self) -> list[StreamDelta]:
+        """One step; the per-completion deltas (text, token ids, logprobs, finish) it produced."""
+        states = self._advance()
+        now = time.time()
+        return [d for state in states for d in state.take_deltas(now)]
+
+    def step(self) -> list[RequestOutput]:
+        """One step; the cumulative outputs of the requests it changed (``finished`` when done)."""
+        states = self._advance()
+        now = time.time()
+        for state in states:
+            state.take_deltas(now)
+        return [state.output() for state in states]
+
+    # ------------------------------------------------------------------ batch API
+    def generate(self, prompts: Prompt | list[Prompt], params: SamplingParams | list[SamplingParams] | None = None,
+                 ) -> list[RequestOutput]:
+        """Run prompts (str | list[str] | list[int] | list[list[int]]) to completion; outputs in input
+        order. Every prompt is validated before any runs. Requests queued with add_request progress
+        too, but their step outputs are consumed here."""
+        return self._generate(_as_prompt_list(prompts), params, special_tokens_visible=False)
+
+    def chat(self, messages, params: SamplingParams | list[SamplingParams] | None = None, tools=None,
+             chat_template_kwargs: Mapping[str, Any] | None = None, add_generation_prompt: bool = True,
+             ) -> list[RequestOutput]:
+        """Apply the chat template to one conversation (a list of message dicts) or a list of them and
+        generate. With ``tools`` the output keeps special tokens so tool-call markup stays visible."""
+        conversations = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
+        prompts = []
+        for conv in conversations:
+            text = self.tokenizer.apply_chat_template(conv, tools=tools, add_generation_prompt=add_generation_prompt,
+                                                      chat_template_kwargs=chat_template_kwargs)
+            prompts.append({"prompt": text, "prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False)})
+        return self._generate(prompts, params, special_tokens_visible=bool(tools))
+
+    def _generate(self, prompts: list[Prompt], params, special_tokens_visible: bool) -> list[RequestOutput]:
+        if isinstance(params, (list, tuple)):
+            if len(params) != len(prompts):
+                raise InvalidRequest(f"got {len(prompts)} prompts but {len(params)} SamplingParams; pass one or "
+                                     f"one per prompt")
+            plist = list(params)
+        else:
+            plist = [params] * len(prompts)
+        prepared = [self.prepare_request(None, p, sp, special_tokens_visible=special_tokens_visible)
+                    for p, sp in zip(prompts, plist)]
+        ids = [self.add_prepared(p) for p in prepared]
+        pending, results = set(ids), {}
+        try:
+            while pending:
+                for out in self.step():
+                    if out.finished and out.request_id in pending:
+                        results[out.request_id] = out
+                        pending.discard(out.request_id)
+        finally:
+            if pending:   # interrupted (an exception, KeyboardInterrupt): do not leave work behind
+                self.abort(list(pending))
+        return [results[i] for i in ids]
+
+    # ------------------------------------------------------------------ introspection
+    def stats(self) -> dict[str, Any]:
+        """Gauges and counters (names as catengine.metrics reads them): num_running / num_waiting
+        (requests), kv_cache_usage (0..1), prefix_cache_queries / prefix_cache_hits (tokens),
+        num_preemptions, prompt_tokens_total, generation_tokens_total, request_success_total
+        ({finish_reason: completions}), KV capacity figures."""
+        s = self.scheduler.stats()
+        sched = self.scheduler
+        return {
+            "num_running": len({q.request_id for q in sched.running}),
+            "num_waiting": len({q.request_id for q in sched.waiting} - {q.request_id for q in sched.running}),
+            "num_running_seqs": s.num_running, "num_waiting_seqs": s.num_waiting,
+            "kv_cache_usage": s.kv_cache_usage, "num_kv_blocks": s.num_blocks,
+            "num_free_kv_blocks": s.num_free_blocks, "num_cached_kv_blocks": s.num_cached_blocks,
+            "kv_capacity_tokens": self.memory_plan.kv_capacity_tokens,
+            "prefix_cache_queries": s.prefix_cache_queries, "prefix_cache_hits": s.prefix_cache_hits,
+            "num_preemptions": s.num_preemptions, "num_state_snapshots": s.num_state_snapshots,
+            "prompt_tokens_total": self._counters["prompt_tokens_total"],
+            "generation_tokens_total": self._counters["generation_tokens_total"],
+            "request_success_total": dict(self._finish_reasons),
+            "num_steps": self._counters["num_steps"],
+        }
+
+    def check_integrity(self) -> None:
+        """AssertionError unless the scheduler's blocks/slots/queues are consistent (tests)."""
+        self.scheduler.check_integrity()
+
+    def close(self) -> None:
+        """Abort everything and drop the model and caches (frees GPU memory once unreferenced)."""
+        self.abort(list(self._requests))
+        self._requests.clear()
+        self._touched.clear()
+        self.runner.caches = None
+        self.model = self.runner.model = None
+
+
+def _as_prompt_list(prompts) -> list[Prompt]:
+    if isinstance(prompts, (str, Mapping)):
+        return [prompts]
+    if isinstance(prompts, (list, tuple)):
+        if prompts and all(isinstance(t, int) and not isinstance(t, bool) for t in prompts):
+            return [list(prompts)]   # one prompt of token ids
+        return list(prompts)
+    raise InvalidRequest(f"prompts must be a string, a list of strings, a list of token ids or a list of token-id "
+                         f"lists; got {type(prompts).__name__}")

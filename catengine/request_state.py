@@ -1,0 +1,130 @@
+"""Per-request bookkeeping of the engine: completions, detokenizers, stop checks, outputs.
+
+The scheduler knows sequences; the engine knows requests. A request holds ``n`` completions; each
+completion is fed the tokens its sequence samples and decides when it is done (stop token, stop
+string, max_tokens, context full). Everything here runs on the engine's thread.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .outputs import CompletionOutput, RequestMetrics, RequestOutput, StreamDelta
+from .sampling import SamplingParams, TokenLogprobs
+from .tokenizer import IncrementalDetokenizer, Tokenizer
+
+
+@dataclass
+class PreparedRequest:
+    """A validated request, ready to queue (built off the engine thread by ``prepare_request``)."""
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    max_tokens: int
+    completion_params: list[SamplingParams]   # per completion, n = 1
+    seeds: list[int]
+    arrival_time: float
+    special_tokens_visible: bool = False
+
+
+class Completion:
+    def __init__(self, index: int, params: SamplingParams, seed: int, detok: IncrementalDetokenizer,
+                 stop_ids: frozenset[int], max_tokens: int):
+        self.index = index
+        self.params = params
+        self.seed = seed
+        self.detok = detok
+        self.stop_ids = stop_ids
+        self.max_tokens = max_tokens
+        self.token_ids: list[int] = []
+        self.logprobs: list[TokenLogprobs] | None = [] if params.logprobs is not None else None
+        self.cumulative_logprob: float | None = 0.0 if params.logprobs is not None else None
+        self.text = ""                 # what has been emitted (the concatenation of the deltas)
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        self.seq = None                # the scheduler's Sequence, once it exists
+        # accumulated since the last delta
+        self.new_text: list[str] = []
+        self.new_ids: list[int] = []
+        self.new_logprobs: list[TokenLogprobs] = []
+        self.touched = False
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def add_token(self, token: int, logprobs: TokenLogprobs | None, max_model_len: int,
+                  num_prompt_tokens: int) -> str | None:
+        """Take one sampled token; returns the finish reason when this token ended the completion."""
+        self.token_ids.append(token)
+        self.new_ids.append(token)
+        self.touched = True
+        if logprobs is not None and self.logprobs is not None:
+            self.logprobs.append(logprobs)
+            self.new_logprobs.append(logprobs)
+            self.cumulative_logprob += logprobs.logprob
+        n_out = len(self.token_ids)
+        is_stop_token = token in self.stop_ids and n_out >= self.params.min_tokens
+        self._emit(self.detok.add(token, is_stop_token=is_stop_token))
+        if is_stop_token:
+            stop_reason = token if token in self.params.stop_token_ids else None
+            return self.finish("stop", stop_reason)
+        if self.detok.finished:
+            return self.finish("stop", self.detok.stop_reason)
+        if n_out >= self.max_tokens or num_prompt_tokens + n_out >= max_model_len:
+            return self.finish("length")
+        return None
+
+    def finish(self, reason: str, stop_reason: int | str | None = None) -> str:
+        if self.finish_reason is None:
+            self._emit(self.detok.flush())
+            self.finish_reason, self.stop_reason = reason, stop_reason
+            self.touched = True
+        return reason
+
+    def _emit(self, text: str) -> None:
+        if text:
+            self.text += text
+            self.new_text.append(text)
+
+    def output(self) -> CompletionOutput:
+        return CompletionOutput(self.index, self.text, list(self.token_ids), self.finish_reason, self.stop_reason,
+                                None if self.logprobs is None else list(self.logprobs), self.cumulative_logprob)
+
+
+class RequestState:
+    def __init__(self, prep: PreparedRequest, tokenizer: Tokenizer, eos_ids: tuple[int, ...]):
+        self.request_id = prep.request_id
+        self.prompt = prep.prompt
+        self.prompt_token_ids = prep.prompt_token_ids
+        self.metrics = RequestMetrics(arrival_time=prep.arrival_time)
+        self.num_cached_tokens = 0
+        self.completions = [
+            Completion(i, p, seed, IncrementalDetokenizer(tokenizer, prep.prompt_token_ids, p,
+                                                          special_tokens_visible=prep.special_tokens_visible),
+                       p.stop_token_set(eos_ids), prep.max_tokens)
+            for i, (p, seed) in enumerate(zip(prep.completion_params, prep.seeds))]
+
+    @property
+    def finished(self) -> bool:
+        return all(c.finished for c in self.completions)
+
+    def output(self) -> RequestOutput:
+        return RequestOutput(self.request_id, self.prompt, list(self.prompt_token_ids),
+                             [c.output() for c in self.completions], self.finished, self.metrics,
+                             self.num_cached_tokens)
+
+    def take_deltas(self, now: float) -> list[StreamDelta]:
+        """Deltas of the completions that changed since the last call."""
+        deltas = []
+        for c in self.completions:
+            if not c.touched:
+                continue
+            deltas.append(StreamDelta(
+                request_id=self.request_id, index=c.index, text="".join(c.new_text), token_ids=c.new_ids,
+                logprobs=c.new_logprobs if c.logprobs is not None else None, finish_reason=c.finish_reason,
+                stop_reason=c.stop_reason, num_prompt_tokens=len(self.prompt_token_ids),
+                num_output_tokens=len(c.token_ids), num_cached_tokens=self.num_cached_tokens, time=now,
+                metrics=self.metrics, prompt_token_ids=self.prompt_token_ids))
+            c.new_text, c.new_ids, c.new_logprobs, c.touched = [], [], [], False
+        return deltas

@@ -1,0 +1,221 @@
+"""ModelRunner: scheduler output -> flat batch -> model -> logits -> sampled tokens.
+
+Per step (:meth:`ModelRunner.execute`):
+1. the block and state copies the scheduler asked for (fork copies, prefix-hit state restores);
+2. :meth:`prepare` builds ``input_ids``, ``positions`` and :class:`BatchMetadata` on the host with a
+   few vectorised torch ops and moves them to the device in one go;
+3. :meth:`forward` runs the model (the seam for CUDA graphs: a decode-only batch can be replayed
+   from a graph captured per padded batch size, issue 8);
+4. the hidden state of each sequence's last new token, for sequences whose step ends their pending
+   tokens, goes through ``compute_logits``, :func:`apply_penalties` and :func:`sample` (one row per
+   completion: a leader finishing its prompt samples its forks' first tokens from the same logits);
+5. the state snapshots: live slots copied into snapshot slots after the forward.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .models.batch import AttentionCache, BatchMetadata, ModelCaches
+from .sampling import TokenLogprobs, apply_penalties, compute_logprobs, sample
+from .scheduler import SchedulerOutput
+
+
+@dataclass
+class RunnerOutput:
+    token_ids: list[int]                      # one per sample row (SchedulerOutput row order)
+    logprobs: list[TokenLogprobs | None]      # same rows
+    forward_seconds: float = 0.0
+
+
+class _Rows:
+    """A lazy list: element i is ``fn(i)``; the sampler only reads the rows that need a value (e.g.
+    the prompt ids of rows with a repetition penalty), so long prompts are not copied every step."""
+
+    def __init__(self, n: int, fn):
+        self._n, self._fn = n, fn
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: int):
+        return self._fn(i)
+
+
+class _Tail:
+    """``tokens[start:]`` without the copy: the penalty code asks every row for ``len`` each step but
+    iterates only the rows that use penalties."""
+
+    __slots__ = ("tokens", "start")
+
+    def __init__(self, tokens: list[int], start: int):
+        self.tokens, self.start = tokens, start
+
+    def __len__(self) -> int:
+        return len(self.tokens) - self.start
+
+    def __iter__(self):
+        return itertools.islice(self.tokens, self.start, None)
+
+
+class ModelRunner:
+    def __init__(self, model, caches: ModelCaches | None, *, block_size: int, device: torch.device,
+                 eos_token_ids: tuple[int, ...] = ()):
+        """``caches`` may be None until the memory plan (which profiles a step with this runner) is known."""
+        self.model = model
+        self.caches = caches
+        self.block_size = block_size
+        self.device = torch.device(device)
+        self.eos_token_ids = tuple(eos_token_ids)
+
+    # ------------------------------------------------------------------ one step
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        if out.is_empty:
+            return RunnerOutput([], [])
+        self._copy_blocks(out.block_copies)
+        for src, dst in out.state_copies:   # in order: a restore may target a slot a fork copy reads first
+            self.caches.copy_state_slot(src, dst)
+        t0 = time.perf_counter()
+        input_ids, positions, batch = self.prepare(out)
+        hidden = self.forward(input_ids, positions, batch)
+        token_ids, logprobs = self._sample(out, hidden, batch)
+        for src, dst in out.state_saves:
+            self.caches.copy_state_slot(src, dst)
+        return RunnerOutput(token_ids, logprobs, time.perf_counter() - t0)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: BatchMetadata) -> torch.Tensor:
+        """The model call. CUDA-graph replay for decode-only batches slots in here (issue 8)."""
+        return self.model(input_ids, positions, batch, self.caches)
+
+    def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        if not copies:
+            return
+        src = torch.tensor([s for s, _ in copies], dtype=torch.int64, device=self.device)
+        dst = torch.tensor([d for _, d in copies], dtype=torch.int64, device=self.device)
+        for layer in self.caches.layers:
+            if not isinstance(layer, AttentionCache):
+                continue
+            layer.k[dst] = layer.k[src]
+            layer.v[dst] = layer.v[src]
+
+    # ------------------------------------------------------------------ batch building
+    def prepare(self, out: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, BatchMetadata]:
+        items = out.scheduled
+        bs = self.block_size
+        starts = [it.start for it in items]
+        lens = [it.num_new for it in items]
+        ends = [s + n for s, n in zip(starts, lens)]
+        ids: list[int] = []
+        for it in items:
+            ids.extend(it.seq.token_ids[it.start:it.end])
+        width = max(len(it.seq.block_table) for it in items)
+        table_rows = [it.seq.block_table + [0] * (width - len(it.seq.block_table)) for it in items]
+
+        block_tables = torch.tensor(table_rows, dtype=torch.int32)
+        q_lens = torch.tensor(lens, dtype=torch.int64)
+        qsl = torch.zeros(len(items) + 1, dtype=torch.int64)
+        torch.cumsum(q_lens, 0, out=qsl[1:])
+        seq_of_token = torch.repeat_interleave(torch.arange(len(items)), q_lens)
+        positions = torch.tensor(starts, dtype=torch.int64)[seq_of_token] + (
+            torch.arange(qsl[-1].item()) - qsl[:-1][seq_of_token])
+        slot_mapping = block_tables[seq_of_token, positions // bs].to(torch.int64) * bs + positions % bs
+        host = {
+            "input_ids": torch.tensor(ids, dtype=torch.int64),
+            "positions": positions,
+            "query_start_loc": qsl.to(torch.int32),
+            "seq_lens": torch.tensor(ends, dtype=torch.int32),
+            "block_tables": block_tables,
+            "slot_mapping": slot_mapping,
+            "state_slots": torch.tensor([it.seq.state_slot for it in items], dtype=torch.int32),
+            "has_initial_state": torch.tensor([s > 0 for s in starts], dtype=torch.bool),
+        }
+        dev = {k: self._to_device(v) for k, v in host.items()}
+        batch = BatchMetadata(
+            query_start_loc=dev["query_start_loc"], seq_lens=dev["seq_lens"], block_tables=dev["block_tables"],
+            slot_mapping=dev["slot_mapping"], state_slots=dev["state_slots"],
+            has_initial_state=dev["has_initial_state"], max_query_len=max(lens), max_seq_len=max(ends),
+            decode_only=all(n == 1 and s > 0 for n, s in zip(lens, starts)))
+        return dev["input_ids"], dev["positions"], batch
+
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        # persistent pinned staging buffers (and a device-resident block table) are issue 8's job
+        return t if self.device.type == "cpu" else t.to(self.device)
+
+    # ------------------------------------------------------------------ sampling
+    def _sample(self, out: SchedulerOutput, hidden: torch.Tensor, batch: BatchMetadata):
+        rows, last_index, params, seeds, steps = [], [], [], [], []
+        offset = 0
+        for it in out.scheduled:
+            offset += it.num_new
+            if not it.num_samples:
+                continue
+            seq = it.seq
+            rows.append((seq, True))
+            last_index.append(offset - 1)
+            params.append(seq.params)
+            seeds.append(seq.seed)
+            steps.append(seq.num_output_tokens)
+            for seed, child_params in seq.forks:   # the leader's forks share its last-token logits
+                rows.append((seq, False))
+                last_index.append(offset - 1)
+                params.append(child_params)
+                seeds.append(seed)
+                steps.append(0)
+        if not rows:
+            return [], []
+        index = torch.tensor(last_index, dtype=torch.int64, device=hidden.device)
+        logits = self.model.compute_logits(hidden.index_select(0, index))
+        prompts = _Rows(len(rows), lambda i: rows[i][0].prompt_token_ids)
+        outputs = _Rows(len(rows), lambda i: _Tail(rows[i][0].token_ids, rows[i][0].num_prompt_tokens)
+                        if rows[i][1] else ())
+        processed = apply_penalties(logits, prompts, outputs, params, self.eos_token_ids)
+        if all(p.is_greedy for p in params):
+            # argmax (first index on ties, NaN as -inf) is what sample() does for greedy rows, without
+            # its full-vocabulary sort
+            token_ids = torch.nan_to_num(processed.float(), nan=float("-inf")).argmax(-1)
+            logprobs = compute_logprobs(logits, token_ids, params)
+        else:
+            token_ids, logprobs = sample(processed, params, seeds, steps, raw_logits=logits)
+        return token_ids.tolist(), logprobs
+
+    # ------------------------------------------------------------------ memory profiling
+    @torch.inference_mode()
+    def profile_step(self, num_tokens: int, num_seqs: int, make_caches) -> int:
+        """Run a worst-case step once so the caller can read the activation peak from the CUDA
+        allocator: ``num_tokens`` new tokens over a few fresh sequences (how they split barely changes
+        the activations), then logits and sampling (top-k/top-p, logprobs) for ``num_seqs`` rows,
+        the largest sampling batch. Uses throw-away caches from ``make_caches(num_blocks, num_slots)``
+        and returns their size in bytes, which the caller subtracts from the peak."""
+        from .sampling import SamplingParams
+
+        num_fwd = max(1, min(num_seqs, num_tokens, 16))
+        bs = self.block_size
+        lens = [num_tokens // num_fwd + (1 if i < num_tokens % num_fwd else 0) for i in range(num_fwd)]
+        tables, next_block = [], 0
+        for n in lens:
+            k = -(-n // bs)
+            tables.append(list(range(next_block, next_block + k)))
+            next_block += k
+        saved = self.caches
+        self.caches = make_caches(next_block, num_fwd)
+        cache_bytes = sum(t.numel() * t.element_size() for layer in self.caches.layers
+                          for t in vars(layer).values() if isinstance(t, torch.Tensor))
+        try:
+            batch = BatchMetadata.build(lens, lens, tables, bs, list(range(num_fwd)), device=self.device)
+            positions = BatchMetadata.positions(lens, lens, device=self.device)
+            input_ids = torch.zeros(num_tokens, dtype=torch.int64, device=self.device)
+            hidden = self.forward(input_ids, positions, batch)
+            last = (batch.query_start_loc[1:] - 1).to(torch.int64)
+            rows = last.repeat(-(-num_seqs // num_fwd))[:num_seqs]
+            logits = self.model.compute_logits(hidden.index_select(0, rows))
+            params = [SamplingParams(temperature=1.0, top_p=0.9, top_k=50, logprobs=5)] * num_seqs
+            sample(logits, params, [0] * num_seqs, [0] * num_seqs)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+        finally:
+            self.caches = saved
+        return cache_bytes
