@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from .models.batch import AttentionCache, BatchMetadata, ModelCaches
-from .sampling import TokenLogprobs, apply_penalties, compute_logprobs, sample
+from .sampling import TokenLogprobs, apply_penalties, sample
 from .scheduler import SchedulerOutput
 
 
@@ -173,13 +173,7 @@ class ModelRunner:
         outputs = _Rows(len(rows), lambda i: _Tail(rows[i][0].token_ids, rows[i][0].num_prompt_tokens)
                         if rows[i][1] else ())
         processed = apply_penalties(logits, prompts, outputs, params, self.eos_token_ids)
-        if all(p.is_greedy for p in params):
-            # argmax (first index on ties, NaN as -inf) is what sample() does for greedy rows, without
-            # its full-vocabulary sort
-            token_ids = torch.nan_to_num(processed.float(), nan=float("-inf")).argmax(-1)
-            logprobs = compute_logprobs(logits, token_ids, params)
-        else:
-            token_ids, logprobs = sample(processed, params, seeds, steps, raw_logits=logits)
+        token_ids, logprobs = sample(processed, params, seeds, steps, raw_logits=logits)
         return token_ids.tolist(), logprobs
 
     # ------------------------------------------------------------------ memory profiling

@@ -399,7 +399,11 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams], seeds: Sequen
     seed_t = torch.tensor([_wrap_int64(int(s)) for s in seeds], dtype=torch.int64, device=device)
     step_t = torch.tensor([int(s) for s in steps], dtype=torch.int64, device=device)
     clean = _finite_or_neg_inf(logits.float())
-    token_ids = ops.sample_tokens(clean, temperature, top_k, top_p, min_p, seed_t, step_t).to(torch.int64)
+    if all(p.is_greedy for p in params):
+        # what the sampler does for greedy rows, without its full-vocabulary sort
+        token_ids = clean.argmax(-1)
+    else:
+        token_ids = ops.sample_tokens(clean, temperature, top_k, top_p, min_p, seed_t, step_t).to(torch.int64)
     source = logits if raw_logits is None else raw_logits
     return token_ids, compute_logprobs(source, token_ids, params)
 
