@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP server: ``catengine serve`` (see ``cli.py``) builds ``app.build_app``."""

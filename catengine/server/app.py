@@ -1,0 +1,160 @@
+"""The Starlette application: routes, authentication, error mapping, disconnect handling.
+
+Error mapping: ``InvalidRequest`` (every bad input, including a prompt that cannot fit) -> 400,
+unknown model -> 404, missing/wrong API key -> 401, a dead engine -> 503; anything else is a bug and
+answers 500 without taking the server down. A client that disconnects aborts its request: streaming
+responses are cancelled by Starlette when the connection drops; non-streaming ones race the engine
+against the connection's ``http.disconnect``.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from typing import Any, Awaitable, Callable
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from .. import __version__
+from ..errors import ConfigError, EngineDead, InvalidRequest
+from ..metrics import CONTENT_TYPE
+from .chat import chat_full, chat_stream, plan_chat
+from .completions import completion_full, completion_stream, plan_completion
+from .protocol import (ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, decode_request, encode,
+                       error_body)
+from .serving import ModelNotFound, ServerContext
+from .streaming import SSE_HEADERS
+
+log = logging.getLogger("catengine.server")
+JSON = "application/json"
+
+
+def json_response(obj: Any, status: int = 200) -> Response:
+    return Response(encode(obj), status_code=status, media_type=JSON)
+
+
+def error_response(status: int, message: str, param: str | None = None) -> Response:
+    return Response(error_body(status, message, param), status_code=status, media_type=JSON)
+
+
+class AuthMiddleware:
+    """``Authorization: Bearer <key>`` on every ``/v1/*`` request, compared in constant time."""
+
+    def __init__(self, app, api_key: str):
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"].startswith("/v1") and scope.get("method") != "OPTIONS":
+            header = dict(scope.get("headers") or []).get(b"authorization", b"")
+            if not hmac.compare_digest(header, self.expected):
+                response = error_response(401, "Unauthorized: send the API key as 'Authorization: Bearer <key>'")
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    body = bytearray()
+    async for part in request.stream():
+        body += part
+        if len(body) > limit:
+            raise InvalidRequest(f"the request body is larger than {limit} bytes; send a smaller request")
+    return bytes(body)
+
+
+async def _until_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _run_unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
+    """Run ``work``; if the client disconnects first, cancel it (which aborts the engine request)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_until_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:   # this handler itself was cancelled (shutdown)
+        task.cancel()
+        watcher.cancel()
+        raise
+    watcher.cancel()
+    if not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return None
+    return task.result()
+
+
+def _handler(ctx: ServerContext, kind: type, plan_fn: Callable, full_fn: Callable, stream_fn: Callable):
+    async def endpoint(request: Request) -> Response:
+        try:
+            ctx.check_alive()
+            req = decode_request(await _read_body(request, ctx.config.max_request_bytes), kind)
+            ctx.check_model(req.model)
+            plan = await ctx.run_blocking(plan_fn, ctx, req)
+            if req.stream:
+                return StreamingResponse(stream_fn(ctx, plan), media_type="text/event-stream", headers=SSE_HEADERS)
+            result = await _run_unless_disconnected(request, full_fn(ctx, plan))
+            if result is None:  # the client is gone; nobody reads this
+                return error_response(499, "client disconnected")
+            return json_response(result)
+        except (InvalidRequest, ConfigError) as e:
+            return error_response(400, str(e))
+        except ModelNotFound as e:
+            return error_response(404, str(e), "model")
+        except EngineDead as e:
+            return error_response(503, str(e))
+    return endpoint
+
+
+def build_app(ctx: ServerContext) -> Starlette:
+    async def models(request: Request) -> Response:
+        cards = [ModelCard(id=name, created=ctx.created, root=str(ctx.engine.engine.model_path),
+                           max_model_len=ctx.max_model_len) for name in ctx.config.served_model_names]
+        return json_response(ModelList(data=cards))
+
+    async def health(request: Request) -> Response:
+        if ctx.is_dead:
+            return error_response(503, f"the engine stopped: {ctx.dead_reason}")
+        return Response(status_code=200)
+
+    async def metrics(request: Request) -> Response:
+        return Response(ctx.metrics.render(ctx.engine_stats()), media_type=CONTENT_TYPE)
+
+    async def version(request: Request) -> Response:
+        return json_response({"version": __version__})
+
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        return error_response(exc.status_code, exc.detail or "error")
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s", request.url.path, exc_info=exc)
+        return error_response(500, f"internal error: {type(exc).__name__}")
+
+    routes = [
+        Route("/v1/chat/completions", _handler(ctx, ChatCompletionRequest, plan_chat, chat_full, chat_stream),
+              methods=["POST"]),
+        Route("/v1/completions", _handler(ctx, CompletionRequest, plan_completion, completion_full,
+                                          completion_stream), methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/version", version, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})
+    app.state.ctx = ctx
+    if ctx.config.api_key:
+        app.add_middleware(AuthMiddleware, api_key=ctx.config.api_key)
+    cfg = ctx.config
+    # added last = outermost: CORS preflights are answered before authentication, as in vLLM
+    app.add_middleware(CORSMiddleware, allow_origins=list(cfg.cors_origins), allow_methods=list(cfg.cors_methods),
+                       allow_headers=list(cfg.cors_headers), allow_credentials=cfg.cors_credentials)
+    return app

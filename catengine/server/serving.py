@@ -1,0 +1,218 @@
+"""What every endpoint shares: the server settings, the engine handle and the streams of one request.
+
+:class:`ServerContext` owns the AsyncEngine, the tokenizer, the metrics and whether the engine is
+still alive. :meth:`ServerContext.generate` runs one or more prompts (a completions batch) through
+the engine and yields their deltas merged in arrival order, recording metrics; leaving the loop
+early (a client that went away, an error) aborts every unfinished request, so KV blocks and state
+slots are freed at once.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from ..errors import CapacityExceeded, CatEngineError, EngineDead, InvalidRequest
+from ..metrics import Metrics
+from ..sampling import SamplingParams
+from .outputs import TokenTexts
+
+log = logging.getLogger("catengine.server")
+
+
+class ModelNotFound(CatEngineError):
+    """The request names a model this server does not serve (HTTP 404)."""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    served_model_names: tuple[str, ...]
+    api_key: str | None = None
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    max_request_bytes: int = 32 << 20
+    cors_origins: tuple[str, ...] = ("*",)
+    cors_methods: tuple[str, ...] = ("*",)
+    cors_headers: tuple[str, ...] = ("*",)
+    cors_credentials: bool = False
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_names[0]
+
+
+@dataclass
+class Job:
+    """One prompt of a request: its engine request id, token ids and params. ``special_tokens_visible``
+    keeps special tokens in the text (tool parsing needs ``<tool_call>`` even where it is special)."""
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    special_tokens_visible: bool = False
+
+
+class ServerContext:
+    def __init__(self, engine: Any, config: ServerConfig):
+        self.engine = engine
+        self.config = config
+        self.tokenizer = engine.tokenizer
+        self.metrics = Metrics(config.model_name)
+        self.token_texts = TokenTexts(self.tokenizer)
+        self.dead_reason: str | None = None
+        self.created = int(time.time())
+        self.max_model_len: int = int(engine.config.max_model_len)
+        self.vocab_size: int = int(engine.engine.vocab_size)
+        # Templates and tokenization of long prompts take long enough to stall every stream if run on
+        # the event loop; one worker because HF fast tokenizers are not safe to call concurrently.
+        self._prep_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="catengine-prep")
+
+    async def run_blocking(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._prep_pool, fn, *args)
+
+    def close(self) -> None:
+        self._prep_pool.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------------ engine state
+    @property
+    def is_dead(self) -> bool:
+        if self.dead_reason is None and self.engine.is_dead:
+            try:
+                self.engine.check_health()
+            except EngineDead as e:
+                self.dead_reason = str(e)
+        return self.dead_reason is not None
+
+    def check_alive(self) -> None:
+        if self.is_dead:
+            raise EngineDead(f"the engine stopped ({self.dead_reason}); restart the server")
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name not in self.config.served_model_names:
+            raise ModelNotFound(f"The model `{name}` does not exist; this server serves "
+                                f"{', '.join(self.config.served_model_names)}")
+
+    def engine_stats(self) -> dict[str, Any]:
+        try:
+            stats = self.engine.stats()
+        except Exception:  # noqa: BLE001 (a scrape must not fail because the engine did)
+            return {}
+        if not isinstance(stats, dict):
+            stats = dict(vars(stats))
+        return stats
+
+    def validate_job(self, job: Job) -> None:
+        """Everything the engine would reject, checked before a response starts (so a streaming
+        request still gets a plain HTTP 400): token ids, vocabulary, KV capacity."""
+        try:
+            self.engine.engine.prepare_request(job.request_id, job.prompt_ids, job.params,
+                                               special_tokens_visible=job.special_tokens_visible)
+        except CapacityExceeded as e:
+            raise InvalidRequest(str(e)) from None
+
+    @staticmethod
+    def new_id(prefix: str) -> str:
+        return f"{prefix}-{uuid.uuid4().hex}"
+
+    # ------------------------------------------------------------------ generation
+    async def generate(self, jobs: list[Job]) -> AsyncIterator[tuple[int, Any]]:
+        """Yield ``(job_index, StreamDelta)`` for every delta of every job, in arrival order."""
+        self.check_alive()
+        start = time.perf_counter()
+        open_seqs = {(k, i) for k, job in enumerate(jobs) for i in range(job.params.n)}
+        last_time: dict[tuple[int, int], float] = {}
+        counted_prompt: set[int] = set()
+        try:
+            async for k, delta in self._merged(jobs):
+                key = (k, delta.index)
+                now = time.perf_counter()
+                if delta.token_ids:
+                    if key not in last_time:
+                        self.metrics.observe_first_token(now - start)
+                    else:
+                        self.metrics.observe_token_gap(now - last_time[key], len(delta.token_ids))
+                    last_time[key] = now
+                if delta.finished:
+                    open_seqs.discard(key)
+                    prompt = 0 if k in counted_prompt else len(jobs[k].prompt_ids)
+                    counted_prompt.add(k)
+                    self.metrics.observe_finished(delta.finish_reason, prompt, delta.num_output_tokens, now - start)
+                yield k, delta
+        except EngineDead as e:
+            self.dead_reason = self.dead_reason or str(e)
+            raise
+        finally:
+            for k in {k for k, _ in open_seqs}:
+                self._abort(jobs[k].request_id)
+            for _ in open_seqs:
+                self.metrics.observe_finished("abort", 0, 0, time.perf_counter() - start)
+
+    def _abort(self, request_id: str) -> None:
+        try:
+            self.engine.abort(request_id)
+        except Exception:  # noqa: BLE001 (aborting a request the engine already dropped is fine)
+            log.debug("abort of %s failed", request_id, exc_info=True)
+
+    def _stream(self, job: Job):
+        return self.engine.stream(job.prompt_ids, job.params, request_id=job.request_id,
+                                  special_tokens_visible=job.special_tokens_visible)
+
+    async def _merged(self, jobs: list[Job]) -> AsyncIterator[tuple[int, Any]]:
+        if len(jobs) == 1:
+            job = jobs[0]
+            stream = self._stream(job)
+            try:
+                async for delta in stream:
+                    yield 0, delta
+            finally:
+                await _aclose(stream)
+            return
+        queue: asyncio.Queue = asyncio.Queue()
+        done = object()
+
+        async def pump(k: int, job: Job) -> None:
+            stream = self._stream(job)
+            try:
+                async for delta in stream:
+                    queue.put_nowait((k, delta))
+                queue.put_nowait((k, done))
+            except Exception as e:  # noqa: BLE001 (re-raised in the consumer)
+                queue.put_nowait((k, e))
+            finally:
+                await _aclose(stream)
+
+        tasks = [asyncio.create_task(pump(k, job)) for k, job in enumerate(jobs)]
+        try:
+            remaining = len(tasks)
+            while remaining:
+                k, item = await queue.get()
+                if item is done:
+                    remaining -= 1
+                elif isinstance(item, Exception):
+                    raise item
+                else:
+                    yield k, item
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _aclose(stream: Any) -> None:
+    close = getattr(stream, "aclose", None)
+    if close is not None:
+        try:
+            await close()
+        except Exception:  # noqa: BLE001
+            log.debug("closing an engine stream failed", exc_info=True)
+
+
+def check_token_ids(ids: list[Any], vocab_size: int, what: str) -> list[int]:
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size:
+            raise InvalidRequest(f"{what} must hold token ids in [0, {vocab_size - 1}], got {t!r}")
+    return list(ids)
