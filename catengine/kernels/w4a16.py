@@ -1,0 +1,426 @@
+"""Triton W4A16 linear: ``y = x @ dequant(W) (+ bias)`` for the canonical K-packed layout (packing.py).
+
+Two kernels, picked by M from a per-architecture table:
+
+- ``_w4a16_gemv_kernel`` (decode, M <= table's gemv_max_m): one activation row per program, FMA in
+  fp32, split-K so that even N = 5120 puts enough programs on the chip. Dequantisation needs no
+  int->float conversion (those run at a quarter of the FMA rate): OR-ing a nibble into the mantissa
+  of a float whose unit in the last place is 1 gives ``2^e + q`` exactly, one LOP3 and one FADD per
+  weight; the zero point comes off once per int32 as ``z * sum(x)``. Its loads do not feed tl.dot,
+  so Triton pipelines them only in a ``tl.range(num_stages=...)`` loop (table num_stages > 1);
+  with 1 (what was measured) wide K tiles (several groups each, each int32 reading its own group's
+  scale) and a hand-written one-tile-ahead fetch keep bytes in flight instead.
+- ``_w4a16_gemm_kernel`` (M above that): ``tl.dot`` with the dequantised weight as the *first*
+  operand (``acc[BN, BM] = W^T x^T``), so that on sm_90 the computed operand may sit in registers
+  (wgmma takes only A from registers) while x streams into shared memory; a small M then costs a
+  narrow wgmma N instead of a 64-row M tile. Dequant works on pairs: ``(w >> 4j) & 0x000F000F |
+  0x64006400`` holds nibbles j and j+4 as the fp16 values ``1024 + q`` (``128 + q`` in bf16).
+
+Split-K programs write fp32 partials that ``_splitk_reduce_kernel`` sums in a fixed order (results
+do not depend on scheduling) while adding the bias and casting.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ..errors import ConfigError
+from .aot import AotConfig
+from .packing import QuantizedWeight
+
+
+# ---------------------------------------------------------------- dequantisation helpers
+@triton.jit
+def fma_tile(b_q, b_z, p_x, nib):
+    """sum_j (q[8r+j] - z) * x[8r+j] for a K-packed tile b_q [BN, R] -> [BN, R] fp32.
+
+    b_z: [BN, R] fp32 zero points (each int32's group); p_x: [R] pointers to x[8r]. A float with
+    exponent 23-P whose mantissa bits P..P+3 hold the nibble is exactly 2^(23-P) + q, so one LOP3
+    and one FADD give q.
+    Mantissa bits stop at 22: nibbles 0-4 are used in place, nibbles 5-7 after one shift by 16.
+    The zero point comes off once per int32 as z * sum(x). nib is 15 passed at run time: as a
+    literal, ptxas rematerialises each shifted mask with a MOV before every LOP3 instead of keeping
+    the five masks in registers (one more instruction per weight). Written out rather than looped
+    through a helper: the interpreter pays milliseconds per nested jit call."""
+    b_h = b_q >> 16
+    # [R] each
+    x0 = tl.load(p_x).to(tl.float32)
+    x1 = tl.load(p_x + 1).to(tl.float32)
+    x2 = tl.load(p_x + 2).to(tl.float32)
+    x3 = tl.load(p_x + 3).to(tl.float32)
+    x4 = tl.load(p_x + 4).to(tl.float32)
+    x5 = tl.load(p_x + 5).to(tl.float32)
+    x6 = tl.load(p_x + 6).to(tl.float32)
+    x7 = tl.load(p_x + 7).to(tl.float32)
+    acc = (((b_q & nib) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0) * x0[None, :]
+    acc += (((b_q & (nib << 4)) | 0x49000000).to(tl.float32, bitcast=True) - 524288.0) * x1[None, :]
+    acc += (((b_q & (nib << 8)) | 0x47000000).to(tl.float32, bitcast=True) - 32768.0) * x2[None, :]
+    acc += (((b_q & (nib << 12)) | 0x45000000).to(tl.float32, bitcast=True) - 2048.0) * x3[None, :]
+    acc += (((b_q & (nib << 16)) | 0x43000000).to(tl.float32, bitcast=True) - 128.0) * x4[None, :]
+    acc += (((b_h & (nib << 4)) | 0x49000000).to(tl.float32, bitcast=True) - 524288.0) * x5[None, :]
+    acc += (((b_h & (nib << 8)) | 0x47000000).to(tl.float32, bitcast=True) - 32768.0) * x6[None, :]
+    acc += (((b_h & (nib << 12)) | 0x45000000).to(tl.float32, bitcast=True) - 2048.0) * x7[None, :]
+    b_xs = ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7))
+    return acc - b_z * b_xs[None, :]
+
+
+@triton.jit
+def _pair(b_q, J: tl.constexpr, b_zc, b_s, nib2, DT: tl.constexpr, F32_MATH: tl.constexpr):
+    """Nibbles J and J+4 of b_q [BN, R] dequantised to DT: [BN, R, 2]."""
+    if DT == tl.bfloat16:
+        MAGIC: tl.constexpr = 0x43004300   # bf16 128.0 in both halves
+    else:
+        MAGIC: tl.constexpr = 0x64006400   # fp16 1024.0 in both halves
+    b_v = ((b_q >> (4 * J)) & nib2) | MAGIC
+    if F32_MATH:
+        # a bf16's bits are the top half of the equal fp32
+        b_p = tl.join((b_v << 16).to(tl.float32, bitcast=True), (b_v & -65536).to(tl.float32, bitcast=True))
+    else:
+        # the two halves of one int32, so the math below runs on b_v's register as a packed pair
+        b_p = tl.join(b_v.to(tl.int16), (b_v >> 16).to(tl.int16)).to(DT, bitcast=True)
+    # (magic + q) - (magic + z) is exact; one rounding in the product, as a dequantised fp16 weight has
+    return ((b_p - b_zc[:, :, None]) * b_s[:, :, None]).to(DT)
+
+
+@triton.jit
+def dequant_tile(b_q, b_s, b_z, nib2, DT: tl.constexpr, INTERPRET: tl.constexpr):
+    """K-packed int32 [BN, R] with scales/zeros [BN, R] (any float dtype) -> W^T [BN, 8R] in DT.
+
+    join() adds an innermost dimension held by one thread, so every int32's eight values stay in
+    its thread; the nesting makes the flattened index 4*c1 + 2*c2 + c3 equal the nibble index.
+    nib2 is 0x000F000F passed at run time (see fma_tile). The interpreter stores bf16 as raw
+    uint16 and cannot do arithmetic on it, so there (INTERPRET) bf16 math runs in fp32; the result
+    is the same, one rounding."""
+    F32_MATH: tl.constexpr = INTERPRET and DT == tl.bfloat16
+    if DT == tl.bfloat16:
+        b_zc = b_z + 128.0
+    else:
+        b_zc = b_z + 1024.0
+    if not F32_MATH:
+        b_zc = b_zc.to(DT)
+        b_s = b_s.to(DT)
+    else:
+        b_s = b_s.to(tl.float32)
+    w04 = _pair(b_q, 0, b_zc, b_s, nib2, DT, F32_MATH)
+    w15 = _pair(b_q, 1, b_zc, b_s, nib2, DT, F32_MATH)
+    w26 = _pair(b_q, 2, b_zc, b_s, nib2, DT, F32_MATH)
+    w37 = _pair(b_q, 3, b_zc, b_s, nib2, DT, F32_MATH)
+    b_w = tl.join(tl.join(w04, w26), tl.join(w15, w37))
+    return tl.reshape(b_w, (b_q.shape[0], b_q.shape[1] * 8))
+
+
+@triton.jit
+def mma(b_a, b_b, acc, INTERPRET: tl.constexpr):
+    """tl.dot(b_a, b_b, acc); the interpreter multiplies bf16's raw bits, so there it goes via fp32."""
+    if INTERPRET and b_a.dtype == tl.bfloat16:
+        return tl.dot(b_a.to(tl.float32), b_b.to(tl.float32), acc)
+    return tl.dot(b_a, b_b, acc)
+
+
+# ---------------------------------------------------------------- kernels
+@triton.jit
+def gemv_tile_load(qw_ptr, s_ptr, z_ptr, k0, k_end, o_r, o_n, m_n, N, G: tl.constexpr):
+    """K-packed rows k0/8 + o_r of columns o_n, with each int32's scale and zero: 3 x [BN, R].
+
+    A tile may span several groups, so the scales come in the weight's shape (repeats hit L1); the
+    weights bypass L1 (.cg) so that they do not evict x and the scales. Rows at or past k_end
+    read as zeros."""
+    m = m_n[:, None] & ((k0 + 8 * o_r) < k_end)[None, :]
+    # [BN, R]
+    b_q = tl.load(qw_ptr + (k0 // 8 + o_r)[None, :] * N + o_n[:, None], mask=m, other=0, cache_modifier=".cg")
+    o_g = ((k0 + 8 * o_r) // G)[None, :] * N + o_n[:, None]
+    # [BN, R]
+    b_s = tl.load(s_ptr + o_g, mask=m, other=0)
+    b_z = tl.load(z_ptr + o_g, mask=m, other=0)
+    return b_q, b_s, b_z
+
+
+@triton.jit
+def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_ptr, M, N, K, stride_xm,
+                       stride_ym, nib, G: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                       SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, STAGES: tl.constexpr):
+    i_n, i_s, i_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_n = i_n * BN + tl.arange(0, BN)
+    m_n = o_n < N
+    o_r = tl.arange(0, BK // 8)
+    n_kb = K // BK
+    kb_per = tl.cdiv(n_kb, SPLIT_K)
+    kb_end = tl.minimum(kb_per * (i_s + 1), n_kb)
+    acc = tl.zeros([BN, BK // 8], tl.float32)
+    p_x = x_ptr + i_m * stride_xm + o_r * 8
+    if STAGES > 1:
+        # loads that do not feed tl.dot get a cp.async ring only in a loop that asks for stages
+        for kb in tl.range(kb_per * i_s, kb_end, num_stages=STAGES):
+            b_q, b_s, b_z = gemv_tile_load(qw_ptr, s_ptr, z_ptr, kb * BK, kb_end * BK, o_r, o_n, m_n, N, G)
+            acc += fma_tile(b_q, b_z.to(tl.float32), p_x + kb * BK, nib) * b_s.to(tl.float32)
+    else:
+        # the next tile is fetched by hand while this one is computed (ptxas issues those loads late
+        # in the body, so they overlap only part of it)
+        b_q, b_s, b_z = gemv_tile_load(qw_ptr, s_ptr, z_ptr, kb_per * i_s * BK, kb_end * BK, o_r, o_n, m_n, N, G)
+        for kb in range(kb_per * i_s, kb_end):
+            n_q, n_s, n_z = gemv_tile_load(qw_ptr, s_ptr, z_ptr, (kb + 1) * BK, kb_end * BK, o_r, o_n, m_n, N, G)
+            acc += fma_tile(b_q, b_z.to(tl.float32), p_x + kb * BK, nib) * b_s.to(tl.float32)
+            b_q, b_s, b_z = n_q, n_s, n_z
+    b_y = tl.sum(acc, axis=1)
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            b_y += tl.load(bias_ptr + o_n, mask=m_n, other=0).to(tl.float32)
+        tl.store(y_ptr + i_m * stride_ym + o_n, b_y.to(y_ptr.dtype.element_ty), mask=m_n)
+    else:
+        tl.store(part_ptr + (i_s * M + i_m) * N + o_n, b_y, mask=m_n)
+
+
+@triton.jit
+def _w4a16_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_ptr, M, N, K, stride_xm,
+                       stride_ym, nib2, G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                       BK: tl.constexpr, SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr,
+                       HAS_BIAS: tl.constexpr, INTERPRET: tl.constexpr):
+    DT: tl.constexpr = x_ptr.dtype.element_ty
+    i_t, i_s = tl.program_id(0), tl.program_id(1)
+    # programs that run together share GROUP_M row tiles, so each weight tile is fetched once per group
+    n_m, n_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
+    i_g = i_t // (GROUP_M * n_n)
+    m_first = i_g * GROUP_M
+    g_m = tl.minimum(n_m - m_first, GROUP_M)
+    i_m = m_first + (i_t % (GROUP_M * n_n)) % g_m
+    i_n = (i_t % (GROUP_M * n_n)) // g_m
+    o_m = i_m * BM + tl.arange(0, BM)
+    o_n = i_n * BN + tl.arange(0, BN)
+    m_m, m_n = o_m < M, o_n < N
+    o_r = tl.arange(0, BK // 8)
+    o_k = tl.arange(0, BK)
+    n_kb = K // BK
+    kb_per = tl.cdiv(n_kb, SPLIT_K)
+    kb_end = tl.minimum(kb_per * (i_s + 1), n_kb)
+    acc = tl.zeros([BN, BM], tl.float32)
+    for kb in range(kb_per * i_s, kb_end):
+        k0 = kb * BK
+        # [BN, BK // 8]
+        b_q = tl.load(qw_ptr + (k0 // 8 + o_r)[None, :] * N + o_n[:, None], mask=m_n[:, None], other=0)
+        # [BN, BK // 8]: one scale row per tile, read in b_q's shape so that it lands in b_q's
+        # layout (a [BN] vector would need a shared-memory layout conversion every iteration)
+        p_sz = (k0 // G) * N + o_n[:, None] + 0 * o_r[None, :]
+        b_s = tl.load(s_ptr + p_sz, mask=m_n[:, None], other=0)
+        b_z = tl.load(z_ptr + p_sz, mask=m_n[:, None], other=0).to(tl.float32)
+        b_w = dequant_tile(b_q, b_s, b_z, nib2, DT, INTERPRET)
+        # [BK, BM]
+        b_x = tl.load(x_ptr + o_m[None, :] * stride_xm + (k0 + o_k)[:, None], mask=m_m[None, :], other=0)
+        acc = mma(b_w, b_x, acc, INTERPRET)
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + o_n, mask=m_n, other=0).to(tl.float32)[:, None]
+        tl.store(y_ptr + o_m[None, :] * stride_ym + o_n[:, None], acc.to(DT), mask=m_n[:, None] & m_m[None, :])
+    else:
+        tl.store(part_ptr + (i_s * M + o_m[None, :]) * N + o_n[:, None], acc, mask=m_n[:, None] & m_m[None, :])
+
+
+@triton.jit
+def _splitk_reduce_kernel(part_ptr, bias_ptr, y_ptr, M, N, stride_ym, SPLIT_K: tl.constexpr,
+                          BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr):
+    i_m, i_b = tl.program_id(0), tl.program_id(1)
+    o_n = i_b * BLOCK + tl.arange(0, BLOCK)
+    m_n = o_n < N
+    acc = tl.zeros([BLOCK], tl.float32)
+    for i_s in tl.static_range(SPLIT_K):
+        # [BLOCK]
+        acc += tl.load(part_ptr + (i_s * M + i_m) * N + o_n, mask=m_n, other=0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + o_n, mask=m_n, other=0).to(tl.float32)
+    tl.store(y_ptr + i_m * stride_ym + o_n, acc.to(y_ptr.dtype.element_ty), mask=m_n)
+
+
+# ---------------------------------------------------------------- launch table
+@dataclass(frozen=True)
+class GemvConfig:
+    BN: int
+    BK: int
+    num_warps: int
+    num_stages: int
+    waves: int          # split K until about waves * SMs programs exist
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    BM: int
+    BN: int
+    BK: int
+    num_warps: int
+    num_stages: int
+    waves: int = 1      # > 1 only for memory-bound sizes: split K toward waves * SMs programs
+    group_m: int = 8
+
+
+@dataclass(frozen=True)
+class ArchTable:
+    gemv_max_m: int
+    gemv: GemvConfig
+    gemm: tuple         # ((max_m, GemmConfig), ...) ascending; the last covers every larger M
+
+
+MAX_SPLIT_K = 32
+# the interpreter's bf16 is raw bits (see dequant_tile); read once, it is a property of the process
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+REDUCE_BLOCK = 1024
+
+# The GEMV's loads do not feed tl.dot, so Triton does not pipeline them (num_stages is moot there):
+# wide K tiles (several groups each) keep enough bytes in flight per program instead. sm_70 has no
+# cp.async, so its GEMM stages stay at 1-2, and its shared memory (96 KB) bounds the tiles. The sm_90
+# choices come from bench/bench_gemm.py --sweep on an H200.
+TABLES = {
+    "sm70": ArchTable(1, GemvConfig(32, 512, 4, 1, 8), (
+        (16, GemmConfig(16, 64, 64, 4, 1, waves=4)),
+        (64, GemmConfig(64, 64, 64, 4, 1, waves=2)),
+        (1 << 30, GemmConfig(64, 128, 32, 8, 2)),
+    )),
+    "sm80": ArchTable(1, GemvConfig(32, 512, 4, 1, 8), (
+        (16, GemmConfig(16, 64, 128, 4, 3, waves=8)),
+        (64, GemmConfig(64, 64, 128, 4, 3, waves=4)),
+        (256, GemmConfig(64, 128, 64, 4, 3)),
+        (1 << 30, GemmConfig(128, 128, 64, 8, 3)),
+    )),
+    "sm90": ArchTable(1, GemvConfig(32, 512, 4, 1, 8), (
+        (16, GemmConfig(16, 64, 128, 4, 3, waves=8)),
+        (64, GemmConfig(64, 64, 128, 4, 3, waves=4)),
+        (256, GemmConfig(128, 128, 64, 8, 3)),
+        (1 << 30, GemmConfig(256, 128, 64, 8, 4)),
+    )),
+}
+
+
+def arch_key(cc: int) -> str:
+    """Compute capability as an int (70, 86, 90, ...) -> table key."""
+    return "sm70" if cc < 80 else "sm80" if cc < 90 else "sm90"
+
+
+INTERPRETER_SMS = 4     # a small chip, so that CPU tests still split K
+
+
+def device_key(device) -> tuple[str, int]:
+    """(table key, multiprocessor count) of a CUDA device; the interpreter (CPU tensors) runs the
+    sm_90 table as if on a 4-SM chip."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return "sm90", INTERPRETER_SMS
+    props = torch.cuda.get_device_properties(device)
+    return arch_key(props.major * 10 + props.minor), props.multi_processor_count
+
+
+def pick_split(tiles: int, n_kb: int, waves: int, sms: int) -> int:
+    """Smallest split count giving about waves * SMs programs; rounded so no split is empty."""
+    want = max(1, min(-(-waves * sms // tiles), n_kb, MAX_SPLIT_K))
+    per = -(-n_kb // want)
+    return -(-n_kb // per)
+
+
+def gemv_block_k(bk: int, k: int) -> int:
+    """The GEMV reads each int32's own group, so its BK only has to divide K (K % 8 == 0)."""
+    while k % bk:
+        bk //= 2
+    return bk
+
+
+def block_k(bk: int, group: int, k: int) -> int:
+    """The table's BK shrunk until it divides the quantisation group (so a tile has one scale row)."""
+    while bk > 16 and (group % bk or k % bk):
+        bk //= 2
+    if group % bk or k % bk:
+        raise ConfigError(f"W4A16 group size {group} (K={k}) is not a multiple of 16; "
+                          "use a checkpoint quantised with group size 32, 64 or 128")
+    return bk
+
+
+# ---------------------------------------------------------------- entry point
+def w4a16_linear(x, weight: QuantizedWeight, bias=None):
+    """Triton twin of :func:`catengine.kernels.reference.w4a16_linear`."""
+    if x.dtype not in (torch.float16, torch.bfloat16):
+        raise ConfigError(f"w4a16_linear runs fp16/bf16 activations on CUDA, got {x.dtype}; "
+                          "load the model with dtype float16 or bfloat16")
+    k, n = weight.in_features, weight.out_features
+    if x.shape[-1] != k:
+        raise ConfigError(f"w4a16_linear: x has {x.shape[-1]} input features, the weight {k}")
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return y.reshape(*lead, n)
+    qw, sc, zr = weight.qweight.contiguous(), weight.scales.contiguous(), weight.zeros.contiguous()
+    key, sms = device_key(x.device)
+    table = TABLES[key]
+    g = weight.group_size
+    b_arg = bias if bias is not None else y
+    if m <= table.gemv_max_m:
+        c = table.gemv
+        bk = gemv_block_k(c.BK, k)
+        tiles = triton.cdiv(n, c.BN) * m
+        split = pick_split(tiles, k // bk, c.waves, sms)
+        part = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else y
+        _w4a16_gemv_kernel[(triton.cdiv(n, c.BN), split, m)](
+            x2, qw, sc, zr, b_arg, y, part, m, n, k, x2.stride(0), y.stride(0), 15, G=g, BN=c.BN, BK=bk,
+            SPLIT_K=split, HAS_BIAS=bias is not None, STAGES=c.num_stages, num_warps=c.num_warps,
+            num_stages=c.num_stages)
+    else:
+        c = next(cfg for max_m, cfg in table.gemm if m <= max_m)
+        bk = block_k(c.BK, g, k)
+        tiles = triton.cdiv(m, c.BM) * triton.cdiv(n, c.BN)
+        split = pick_split(tiles, k // bk, c.waves, sms) if c.waves > 1 else 1
+        part = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else y
+        _w4a16_gemm_kernel[(tiles, split)](
+            x2, qw, sc, zr, b_arg, y, part, m, n, k, x2.stride(0), y.stride(0), 0x000F000F, G=g, BM=c.BM,
+            BN=c.BN, BK=bk, SPLIT_K=split, GROUP_M=c.group_m, HAS_BIAS=bias is not None,
+            INTERPRET=INTERPRET, num_warps=c.num_warps, num_stages=c.num_stages)
+    if split > 1:
+        _splitk_reduce_kernel[(m, triton.cdiv(n, REDUCE_BLOCK))](
+            part, b_arg, y, m, n, y.stride(0), SPLIT_K=split, BLOCK=REDUCE_BLOCK,
+            HAS_BIAS=bias is not None, num_warps=4)
+    return y.reshape(*lead, n)
+
+
+TRITON_OPS = {"w4a16_linear": w4a16_linear}
+
+
+# ---------------------------------------------------------------- ahead-of-time list
+def _signature(dt: str, names: tuple, n_runtime: int) -> dict:
+    """The first n_runtime names are pointers/ints, the rest constexprs."""
+    types = {"x_ptr": f"*{dt}", "qw_ptr": "*i32", "s_ptr": f"*{dt}", "z_ptr": f"*{dt}",
+             "bias_ptr": f"*{dt}", "y_ptr": f"*{dt}", "part_ptr": "*fp32"}
+    return {a: types.get(a, "i32") if i < n_runtime else "constexpr" for i, a in enumerate(names)}
+
+
+_GEMV_ARGS = ("x_ptr", "qw_ptr", "s_ptr", "z_ptr", "bias_ptr", "y_ptr", "part_ptr", "M", "N", "K",
+              "stride_xm", "stride_ym", "nib", "G", "BN", "BK", "SPLIT_K", "HAS_BIAS", "STAGES")
+_GEMM_ARGS = _GEMV_ARGS[:12] + ("nib2", "G", "BM", "BN", "BK", "SPLIT_K", "GROUP_M", "HAS_BIAS", "INTERPRET")
+
+
+def aot_configs(cc: int) -> list[AotConfig]:
+    """Every configuration of this architecture's table (group 128 and, for the GEMM, 32), split and
+    unsplit, each activation dtype the architecture has (no bf16 before sm_80)."""
+    table = TABLES[arch_key(cc)]
+    out = []
+    for dt in ("fp16",) + (("bf16",) if cc >= 80 else ()):
+        c = table.gemv
+        for split in (1, 4):
+            out.append(AotConfig("_w4a16_gemv_kernel", _signature(dt, _GEMV_ARGS, 13),
+                                 dict(G=128, BN=c.BN, BK=c.BK, SPLIT_K=split,
+                                      HAS_BIAS=split == 1, STAGES=c.num_stages),
+                                 c.num_warps, c.num_stages, f"gemv {dt} split{split}"))
+        for max_m, c in table.gemm:
+            for g in (128, 32):
+                split = 4 if c.waves > 1 else 1
+                out.append(AotConfig("_w4a16_gemm_kernel", _signature(dt, _GEMM_ARGS, 13),
+                                     dict(G=g, BM=c.BM, BN=c.BN, BK=block_k(c.BK, g, 4096),
+                                          SPLIT_K=split, GROUP_M=c.group_m, HAS_BIAS=True,
+                                          INTERPRET=False),
+                                     c.num_warps, c.num_stages, f"gemm m<={max_m} {dt} g{g}"))
+        reduce_sig = {"part_ptr": "*fp32", "bias_ptr": f"*{dt}", "y_ptr": f"*{dt}", "M": "i32",
+                      "N": "i32", "stride_ym": "i32", "SPLIT_K": "constexpr", "BLOCK": "constexpr",
+                      "HAS_BIAS": "constexpr"}
+        out.append(AotConfig("_splitk_reduce_kernel", reduce_sig,
+                             dict(SPLIT_K=4, BLOCK=REDUCE_BLOCK, HAS_BIAS=True), 4, 1, f"reduce {dt}"))
+    return out

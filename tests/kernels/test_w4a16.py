@@ -1,0 +1,136 @@
+"""W4A16 linear (catengine.kernels.w4a16) against its torch twin.
+
+CPU: the Triton interpreter on tiny shapes that still cross every tile edge (N and M not multiples
+of the block, K spanning several blocks and uneven split-K ranges), every group size, symmetric and
+asymmetric zeros, both kernels (GEMV at M = 1, GEMM above), each architecture's table.
+GPU (-m gpu): Qwen3.5-27B's projection shapes, fp16 and bf16.
+
+Tolerances are on ||y - ref|| / ||ref||. The twin dequantises in fp32 and rounds once at the end.
+The GEMV path does the same (fp32 FMA), so only the output rounding remains: 2e-3 for fp16, 1e-2
+for bf16 (8 significant bits). The GEMM path also rounds each dequantised weight to the activation
+dtype before the tensor-core product, one more rounding of the same size per weight, uncorrelated
+across K, which stays inside the same bounds.
+"""
+import dataclasses
+
+import pytest
+import torch
+
+from catengine.errors import ConfigError
+from catengine.kernels import reference, w4a16
+from catengine.kernels.packing import QuantizedWeight, pack_int4_along_k
+
+TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+def make_qweight(k, n, group, dtype, symmetric=False, device="cpu", seed=0):
+    """Random W4A16 weight: codes 0..15, positive scales near AWQ's magnitude, zeros 0..15 (or 8)."""
+    g = torch.Generator(device).manual_seed(seed)
+    q = torch.randint(0, 16, (k, n), generator=g, device=device)
+    s = (torch.rand(k // group, n, generator=g, device=device) + 0.5) * (2.0 / (16 * k ** 0.5))
+    z = (torch.full((k // group, n), 8.0, device=device) if symmetric else
+         torch.randint(0, 16, (k // group, n), generator=g, device=device).float())
+    return QuantizedWeight(pack_int4_along_k(q), s.to(dtype), z.to(dtype), group)
+
+
+def rel_err(y, ref):
+    assert y.shape == ref.shape and y.dtype == ref.dtype
+    assert torch.isfinite(y).all()
+    return ((y.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+def check(m, k, n, group, dtype, symmetric=False, bias=False, device="cpu", seed=0):
+    w = make_qweight(k, n, group, dtype, symmetric, device, seed)
+    g = torch.Generator(device).manual_seed(seed + 1)
+    x = torch.randn(m, k, generator=g, device=device).to(dtype)
+    b = torch.randn(n, generator=g, device=device).to(dtype) if bias else None
+    y = w4a16.w4a16_linear(x, w, b)
+    ref = reference.w4a16_linear(x, w, b)
+    assert rel_err(y, ref) < TOL[dtype]
+
+
+# ---------------------------------------------------------------- interpreter (CI)
+@pytest.mark.parametrize("group,symmetric,dtype,bias", [
+    (32, False, torch.float16, True),
+    (64, True, torch.bfloat16, False),
+    (128, False, torch.bfloat16, True),
+    (128, True, torch.float16, False),
+])
+def test_gemv(group, symmetric, dtype, bias):
+    # N = 72: a full 64-wide tile and a tail; K = 384 gives 3..12 K-blocks, split unevenly
+    check(1, 384, 72, group, dtype, symmetric, bias)
+
+
+@pytest.mark.parametrize("m,group,symmetric,dtype", [
+    (5, 32, False, torch.float16),       # BM = 16 tile, split K
+    (5, 128, True, torch.bfloat16),
+    (37, 64, False, torch.bfloat16),     # BM = 64 tile, split K
+    (100, 32, True, torch.float16),      # BM = 128 tile, no split, two M tiles' worth of rows masked
+])
+def test_gemm(m, group, symmetric, dtype):
+    check(m, 256, 136, group, dtype, symmetric, bias=m == 37)
+
+
+def test_gemv_pipelined_loop(monkeypatch):
+    """The table's num_stages > 1 runs the GEMV loop that Triton pipelines (no hand-written prefetch)."""
+    tab = w4a16.TABLES["sm90"]
+    gemv = dataclasses.replace(tab.gemv, num_stages=3)
+    monkeypatch.setitem(w4a16.TABLES, "sm90", dataclasses.replace(tab, gemv=gemv))
+    check(1, 384, 72, 32, torch.float16, bias=True)
+
+
+@pytest.mark.parametrize("arch", ["sm70", "sm80"])
+def test_other_tables(monkeypatch, arch):
+    monkeypatch.setattr(w4a16, "device_key", lambda device: (arch, 2))
+    check(1, 256, 40, 64, torch.float16)
+    check(20, 256, 40, 64, torch.float16, symmetric=True)
+
+
+def test_leading_dims_and_empty():
+    w = make_qweight(64, 24, 32, torch.float16)
+    x = torch.randn(2, 3, 64).half()
+    y = w4a16.w4a16_linear(x, w)
+    assert y.shape == (2, 3, 24)
+    assert rel_err(y, reference.w4a16_linear(x.reshape(6, 64), w).reshape(2, 3, 24)) < TOL[torch.float16]
+    assert w4a16.w4a16_linear(torch.empty(0, 64).half(), w).shape == (0, 24)
+
+
+def test_rejects_what_it_cannot_run():
+    w = make_qweight(64, 24, 32, torch.float32)
+    with pytest.raises(ConfigError, match="float16 or bfloat16"):
+        w4a16.w4a16_linear(torch.randn(1, 64), w)
+    with pytest.raises(ConfigError, match="input features"):
+        w4a16.w4a16_linear(torch.randn(1, 32).half(), make_qweight(64, 24, 32, torch.float16))
+
+
+def test_split_never_empty():
+    for tiles in (1, 3, 40, 500):
+        for n_kb in (1, 2, 3, 7, 136):
+            split = w4a16.pick_split(tiles, n_kb, 4, 132)
+            per = -(-n_kb // split)
+            assert 1 <= split <= n_kb and per * (split - 1) < n_kb
+
+
+def test_aot_list_has_no_bf16_on_sm70():
+    for cfg in w4a16.aot_configs(70):
+        assert "bf16" not in str(cfg.signature)
+    assert any("bf16" in str(c.signature) for c in w4a16.aot_configs(90))
+
+
+# ---------------------------------------------------------------- GPU, real shapes
+QWEN27B = [(5120, 14336), (6144, 5120), (5120, 34816), (17408, 5120)]   # qkv-ish, o_proj, gate_up, down
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k,n", QWEN27B)
+@pytest.mark.parametrize("m", [1, 7, 16, 64, 300, 2048])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_qwen27b(k, n, m, dtype):
+    check(m, k, n, 128, dtype, device="cuda", seed=m)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("group,symmetric", [(32, False), (64, True), (128, True)])
+@pytest.mark.parametrize("m", [1, 16, 1000])
+def test_gpu_groups(group, symmetric, m):
+    check(m, 5120, 3000, group, torch.bfloat16, symmetric, bias=True, device="cuda")
