@@ -1,0 +1,172 @@
+"""paged_attention (Triton) against reference.paged_attention.
+
+Caches are poisoned with NaN everywhere a kernel must not read: unused blocks, table entries past a
+sequence's last block, and the slots after seq_len in a partial last block; a stray read turns the
+output NaN. Tolerance: the twin is fp32 throughout; the kernel rounds the softmax weights to the dot
+dtype before P @ V (relative 2^-11 for fp16, 2^-8 for bf16 per term, averaging out over keys) and
+rounds the output once, so errors stay within a few units of the output dtype's last place."""
+import pytest
+import torch
+
+from catengine.kernels import reference as ref
+from catengine.kernels.attention import AttnLaunch, _paged_attention
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {torch.float16: 4e-3, torch.bfloat16: 3e-2}
+POISON = float("nan")
+
+
+def make_case(q_lens, seq_lens, nh, nkv, d, bs, kv_dtype, dtype=torch.float16, gen=None, spare_blocks=3):
+    """Random q/caches with shuffled, non-contiguous block tables padded with a poison block id."""
+    gen = gen or torch.Generator().manual_seed(0)
+    need = [(s + bs - 1) // bs for s in seq_lens]
+    nblk = sum(need) + spare_blocks
+    perm = torch.randperm(nblk, generator=gen).tolist()
+    poison_blk = perm[-1]
+    width = max(need) + 2
+    tables = torch.full((len(seq_lens), width), poison_blk, dtype=torch.int32)
+    k = torch.full((nblk, bs, nkv, d), POISON)
+    v = torch.full((nblk, bs, nkv, d), POISON)
+    i = 0
+    for b, (n, s) in enumerate(zip(need, seq_lens)):
+        blocks = perm[i:i + n]
+        i += n
+        tables[b, :n] = torch.tensor(blocks, dtype=torch.int32)
+        for j, blk in enumerate(blocks):
+            used = min(bs, s - j * bs)  # the rest of a partial last block stays NaN
+            k[blk, :used] = torch.randn(used, nkv, d, generator=gen)
+            v[blk, :used] = torch.randn(used, nkv, d, generator=gen)
+    if kv_dtype == torch.uint8:
+        k, v = ref.fp16_to_e5m2(k.half()), ref.fp16_to_e5m2(v.half())
+    else:
+        k, v = k.to(kv_dtype), v.to(kv_dtype)
+    t = sum(q_lens)
+    qg = torch.randn(t, nh, 2 * d, generator=gen).to(dtype)  # per-head [q | gate], as q_proj lays it out
+    qsl = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32)
+    return dict(q=qg[..., :d], gate=qg[..., d:], k_cache=k, v_cache=v, block_tables=tables,
+                seq_lens=torch.tensor(seq_lens, dtype=torch.int32), query_start_loc=qsl,
+                max_query_len=max(q_lens), max_seq_len=max(seq_lens))
+
+
+def run_both(case, gated=True, **kw):
+    args = dict(case)
+    gate = args.pop("gate") if gated else None
+    args.pop("gate", None)
+    scale = case["q"].shape[-1] ** -0.5
+    dev = {k: (v.to(DEV) if torch.is_tensor(v) else v) for k, v in args.items()}
+    want = ref.paged_attention(dev["q"], dev["k_cache"], dev["v_cache"], dev["block_tables"], dev["seq_lens"],
+                               dev["query_start_loc"], scale, dev["max_query_len"], dev["max_seq_len"],
+                               None if gate is None else gate.to(DEV)).cpu()
+    got = _paged_attention(dev["q"], dev["k_cache"], dev["v_cache"], dev["block_tables"], dev["seq_lens"],
+                           dev["query_start_loc"], scale, dev["max_query_len"], dev["max_seq_len"],
+                           None if gate is None else gate.to(DEV), **kw)
+    return got.cpu(), want
+
+
+def assert_close(got, want, dtype):
+    assert torch.isfinite(got.float()).all(), "NaN/inf: the kernel read a poisoned (unowned) cache slot"
+    err = (got.float() - want.float()).abs().max().item()
+    assert err <= TOL[dtype], f"max abs error {err:.3g} > {TOL[dtype]}"
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.uint8], ids=["fp16", "e5m2"])
+@pytest.mark.parametrize("nh,nkv,splits", [(6, 2, None), (6, 2, 3), (6, 2, 9), (4, 4, 3), (8, 1, None), (8, 1, 9)])
+def test_decode(kv_dtype, nh, nkv, splits):
+    case = make_case([1, 1, 1, 1], [1, 5, 70, 17], nh, nkv, 64, 4, kv_dtype,
+                     gen=torch.Generator().manual_seed(nh * 7 + nkv))
+    got, want = run_both(case, num_splits=splits)  # 9 splits: most are empty and must be neutral
+    assert_close(got, want, torch.float16)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.uint8], ids=["fp16", "e5m2"])
+def test_speculative_verify(kv_dtype):
+    """A few new tokens per sequence (and one sequence with none) through the split decode launch."""
+    case = make_case([3, 1, 0, 4, 2], [9, 30, 12, 4, 66], 6, 2, 64, 8, kv_dtype,
+                     gen=torch.Generator().manual_seed(3))
+    got, want = run_both(case, num_splits=2)
+    assert_close(got, want, torch.float16)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.uint8], ids=["fp16", "e5m2"])
+@pytest.mark.parametrize("nh,nkv,bs", [(6, 2, 4), (4, 1, 16), (3, 3, 5)])
+def test_prefill_with_cached_context(kv_dtype, nh, nkv, bs):
+    """Chunked prefill and prefix hits: new queries continue a cached context; one sequence is decode."""
+    case = make_case([20, 9, 1, 33, 0], [20, 45, 17, 50, 8], nh, nkv, 64, bs, kv_dtype,
+                     gen=torch.Generator().manual_seed(nh + bs))
+    got, want = run_both(case, gated=nh != 4)
+    assert_close(got, want, torch.float16)
+
+
+@pytest.mark.parametrize("arch", [70, 80, 90])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_every_table_row(arch, d):
+    """Each (arch, head_dim) row of both tables computes the right thing (interpreter)."""
+    q_lens, seq_lens = ([12, 1, 7], [30, 9, 7]) if d != 256 else ([5, 1], [21, 6])
+    case = make_case(q_lens, seq_lens, 6, 2, d, 8, torch.float16, gen=torch.Generator().manual_seed(d + arch))
+    got, want = run_both(case, arch=arch)
+    assert_close(got, want, torch.float16)
+    dec = make_case([1, 2], [37, 19], 6, 2, d, 8, torch.uint8, gen=torch.Generator().manual_seed(d))
+    got, want = run_both(dec, arch=arch, num_splits=2)
+    assert_close(got, want, torch.float16)
+
+
+@pytest.mark.parametrize("two_phase", [False, True])
+def test_small_tiles_both_loop_shapes(two_phase):
+    case = make_case([17, 3], [40, 3], 6, 2, 64, 4, torch.float16, gen=torch.Generator().manual_seed(8))
+    got, want = run_both(case, cfg=AttnLaunch(32, 16, 4, 1, two_phase))
+    assert_close(got, want, torch.float16)
+
+
+@pytest.mark.gpu  # the Triton 3.9 interpreter multiplies bf16 dot operands as raw uint16 bits
+def test_bf16_small():
+    case = make_case([17, 3, 1], [40, 3, 9], 6, 2, 64, 4, torch.bfloat16, dtype=torch.bfloat16,
+                     gen=torch.Generator().manual_seed(8))
+    got, want = run_both(case)
+    assert_close(got, want, torch.bfloat16)
+
+
+# ----------------------------------------------------------------------------- GPU, real shapes
+QWEN27B = dict(nh=24, nkv=4, d=256)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.uint8, torch.bfloat16], ids=["fp16", "e5m2", "bf16"])
+@pytest.mark.parametrize("q_len", [1, 4])
+def test_gpu_decode_real_shape(kv_dtype, q_len):
+    dtype = torch.bfloat16 if kv_dtype == torch.bfloat16 else torch.float16
+    seq = [33000, 700, 5, 9000, 16, 130, 4100, 2]
+    case = make_case([min(q_len, s) for s in seq], seq, bs=16, kv_dtype=kv_dtype, dtype=dtype,
+                     gen=torch.Generator().manual_seed(q_len), **QWEN27B)
+    got, want = run_both(case)
+    assert_close(got, want, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.uint8, torch.bfloat16], ids=["fp16", "e5m2", "bf16"])
+def test_gpu_prefill_real_shape(kv_dtype):
+    dtype = torch.bfloat16 if kv_dtype == torch.bfloat16 else torch.float16
+    case = make_case([2000, 1, 517, 64], [3000, 900, 517, 2100], bs=16, kv_dtype=kv_dtype, dtype=dtype,
+                     gen=torch.Generator().manual_seed(7), **QWEN27B)
+    got, want = run_both(case)
+    assert_close(got, want, dtype)
+
+
+@pytest.mark.gpu
+def test_gpu_decode_graph_capture():
+    """Decode launches no host sync: it captures into a CUDA graph and replays to the same result."""
+    case = make_case([1] * 4, [5000, 17, 800, 12000], bs=16, kv_dtype=torch.float16,
+                     gen=torch.Generator().manual_seed(1), **QWEN27B)
+    dev = {k: (v.cuda() if torch.is_tensor(v) else v) for k, v in case.items()}
+    scale = 256 ** -0.5
+
+    def call():
+        return _paged_attention(dev["q"], dev["k_cache"], dev["v_cache"], dev["block_tables"], dev["seq_lens"],
+                                dev["query_start_loc"], scale, 1, 12000, dev["gate"])
+    first = call()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = call()
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, first)
