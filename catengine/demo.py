@@ -53,7 +53,7 @@ MODEL_CONFIG = {
     "full_attention_interval": 4,
     "num_attention_heads": 2,
     "num_key_value_heads": 1,
-    "head_dim": 32,
+    "head_dim": 64,  # the smallest head size the Triton attention kernels have launch configs for
     "attn_output_gate": True,
     "linear_num_key_heads": 2,
     "linear_num_value_heads": 4,

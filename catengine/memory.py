@@ -18,8 +18,12 @@ from .config import CPU_KV_CACHE_BYTES, EngineConfig
 from .errors import ConfigError
 
 log = logging.getLogger(__name__)
-# Auto snapshot pool: about this fraction of the cache budget, at most 2 per running sequence.
+# Auto snapshot pool: about this fraction of the cache budget, and at most 8 per running sequence (at
+# least 64 when memory allows): each prompt and each decode block boundary may want one, and a pool that
+# small evicts a repeated prompt's snapshot before it comes back.
 SNAPSHOT_BUDGET_FRACTION = 0.1
+SNAPSHOTS_PER_SEQ = 8
+MIN_SNAPSHOT_CAP = 64
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,8 @@ def plan_memory(cfg: EngineConfig, *, kv_bytes_per_block: int, state_bytes_per_s
         if cfg.num_state_snapshots is not None:
             snapshots = cfg.num_state_snapshots
         else:
-            snapshots = max(1, min(2 * seqs, int(SNAPSHOT_BUDGET_FRACTION * max(budget, 0)) // state_bytes_per_slot))
+            snapshots = max(1, min(max(SNAPSHOTS_PER_SEQ * seqs, MIN_SNAPSHOT_CAP),
+                                    int(SNAPSHOT_BUDGET_FRACTION * max(budget, 0)) // state_bytes_per_slot))
     else:
         snapshots = 0
 

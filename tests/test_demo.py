@@ -77,7 +77,7 @@ def test_weights_names_dtype_and_determinism(demo_dir, tmp_path):
     assert {t.dtype for t in saved.values()} == {torch.bfloat16}
     for i in range(3):
         assert saved[f"model.layers.{i}.linear_attn.in_proj_qkv.weight"].shape == (2 * 2 * 16 + 4 * 16, 64)
-    assert saved["model.layers.3.self_attn.q_proj.weight"].shape == (2 * 2 * 32, 64)  # query and output gate
+    assert saved["model.layers.3.self_attn.q_proj.weight"].shape == (2 * 2 * 64, 64)  # query and output gate
     assert all(n.startswith(("model.layers.", "model.embed_tokens.", "model.norm.")) for n in saved)
     # the same recipe writes the same bytes, and the caller's random stream is left alone
     state = torch.random.get_rng_state()
@@ -334,7 +334,7 @@ def test_transformers_loads_and_runs(demo_dir, hf_tok):
 
     cfg = AutoConfig.from_pretrained(demo_dir)
     assert type(cfg).__name__ == "Qwen3_5TextConfig"
-    assert (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == (64, 2, 1, 32)
+    assert (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == (64, 2, 1, 64)
     model, info = Qwen3_5ForCausalLM.from_pretrained(demo_dir, dtype=torch.float32, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
@@ -349,7 +349,7 @@ def test_transformers_loads_and_runs(demo_dir, hf_tok):
 def test_catengine_model_config_reads_it(demo_dir):
     from catengine.models.config import ModelConfig
     mc = ModelConfig.from_pretrained(demo_dir)
-    assert (mc.vocab_size, mc.hidden_size, mc.num_hidden_layers, mc.rotary_dim) == (248320, 64, 4, 8)
+    assert (mc.vocab_size, mc.hidden_size, mc.num_hidden_layers, mc.rotary_dim) == (248320, 64, 4, 16)
     assert mc.full_attention_layers == [3] and mc.tie_word_embeddings
     assert (mc.linear_num_key_heads, mc.linear_num_value_heads, mc.linear_key_head_dim) == (2, 4, 16)
     assert mc.rope_theta == 1e7 and mc.max_position_embeddings == 262144

@@ -21,7 +21,7 @@ from tests.models.helpers import PagedRunner
 
 G = 32
 TINY = dict(vocab_size=512, hidden_size=64, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1,
-            head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+            head_dim=64, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
             linear_value_head_dim=16, max_position_embeddings=4096)
 MODELS = {
     "dense": dict(base="qwen3.5-27b", intermediate_size=96, **TINY),

@@ -73,8 +73,9 @@ class PagedRunner:
                 table.append(self.free_blocks.pop())
             qlens.append(len(toks)); slens.append(total); tables.append(table); slots.append(slot); ids += toks
             self.lens[slot] = total
-        batch = BatchMetadata.build(qlens, slens, tables, self.block_size, slots)
-        positions = BatchMetadata.positions(qlens, slens)
-        hidden = self.model(torch.tensor(ids), positions, batch, self.caches)
-        last = torch.tensor(qlens).cumsum(0) - 1
+        device = self.model.device
+        batch = BatchMetadata.build(qlens, slens, tables, self.block_size, slots, device=device)
+        positions = BatchMetadata.positions(qlens, slens, device=device)
+        hidden = self.model(torch.tensor(ids, device=device), positions, batch, self.caches)
+        last = torch.tensor(qlens, device=device).cumsum(0) - 1
         return self.model.compute_logits(hidden[last])
