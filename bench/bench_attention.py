@@ -24,7 +24,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import bench_ms, copy_bandwidth_gbs, device_header, print_table  # noqa: E402
+from common import bench_ms, copy_bandwidth_gbs, device_header, graph_ms, print_table  # noqa: E402
 
 from catengine.kernels import kv_store, norm_rope, reference, sampler  # noqa: E402
 from catengine.kernels.kv_store import arch_of  # noqa: E402
@@ -108,17 +108,6 @@ def prefill_setup(lens, kv_dtype, cfg=None):
             return [torch.nn.functional.scaled_dot_product_attention(a, b, c, is_causal=True) for a, b, c in per_seq]
     return ours, sdpa
 
-
-def graph_ms(calls) -> float:
-    """Median ms per call of a CUDA graph replaying ``calls`` back to back."""
-    for c in calls:
-        c()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for c in calls:
-            c()
-    return bench_ms(g.replay) / len(calls)
 
 
 # ----------------------------------------------------------------------------- parallel compile

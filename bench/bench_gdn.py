@@ -23,7 +23,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from bench.common import bench_ms, copy_bandwidth_gbs, device_header, matmul_tflops, print_table  # noqa: E402
+from bench.common import (bench_ms, copy_bandwidth_gbs, device_header, graph_ms, matmul_tflops,  # noqa: E402
+                          print_table)
 from catengine.kernels import conv1d as cv  # noqa: E402
 from catengine.kernels import gated_delta_rule as gdr  # noqa: E402
 
@@ -109,17 +110,6 @@ def bench_prefill(use_fla: bool):
                 ["case", "tokens", "ours ms", "fla ms", "fla/ours", "TFLOP/s", "% matmul peak",
                  "wy ms (alone)", "scan ms (alone)", "rel diff vs fla"], rows)
 
-
-def graph_ms(calls) -> float:
-    """Milliseconds per call of ``calls`` (zero-argument launches), captured once in a CUDA graph."""
-    for c in calls:
-        c()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for c in calls:
-            c()
-    return bench_ms(graph.replay) / len(calls)
 
 
 def rotations(nbytes: int) -> int:

@@ -16,6 +16,19 @@ def bench_ms(fn, warmup_ms: float = 25, rep_ms: float = 100) -> float:
     return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
 
 
+def graph_ms(calls) -> float:
+    """Milliseconds per call of ``calls`` (zero-argument launches) replayed back to back from one CUDA graph:
+    launch gaps stay out of the numbers, as they will on the serving path."""
+    for c in calls:
+        c()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for c in calls:
+            c()
+    return bench_ms(graph.replay) / len(calls)
+
+
 @functools.cache
 def copy_bandwidth_gbs(nbytes: int = 2 << 30) -> float:
     """Measured device-to-device copy bandwidth in GB/s, counting bytes read plus bytes written."""
