@@ -239,6 +239,41 @@ def sweep(deadline: float, dtype=torch.float16):
     return tab, sweep_moe(deadline, dtype)
 
 
+# M = 1 candidates for the pipelined GEMV loop (num_stages > 1) beside the table's unpipelined entry
+GEMV_STAGED = [w4a16.GemvConfig(32, 512, 4, 1, 8), w4a16.GemvConfig(32, 512, 4, 2, 8),
+               w4a16.GemvConfig(32, 512, 4, 3, 8), w4a16.GemvConfig(32, 512, 4, 4, 8),
+               w4a16.GemvConfig(64, 512, 4, 3, 8), w4a16.GemvConfig(32, 256, 4, 4, 8),
+               w4a16.GemvConfig(64, 256, 4, 4, 8)]
+
+
+def sweep_gemv_dense(dtype=torch.float16):
+    """M = 1 on the four dense shapes under each GEMV_STAGED entry: time, BW/copy, cuBLAS ratio, error."""
+    key, _ = w4a16.device_key("cuda")
+    bw = copy_bandwidth_gbs()
+    rows = []
+    for name, k, n in DENSE:
+        ws = [random_qweight(k, n, dtype, i) for i in range(copies_for(qbytes(k, n)))]
+        wd = [dequantize(ws[0], dtype).t().contiguous() for _ in range(copies_for(2 * k * n))]
+        x = torch.randn(1, k, device="cuda", dtype=dtype)
+        ref = x.float() @ dequantize(ws[0], torch.float32)
+        tc = graph_ms([lambda w=w: F.linear(x, w) for w in wd], reps=5)
+        for c in GEMV_STAGED:
+            with patched(w4a16, key, dataclasses.replace(w4a16.TABLES[key], gemv=c)):
+                try:
+                    err = ((w4a16.w4a16_linear(x, ws[0]).float() - ref).norm() / ref.norm()).item()
+                    t = graph_ms([lambda w=w: w4a16.w4a16_linear(x, w) for w in ws], reps=5)
+                except Exception as e:
+                    rows.append([name, str(c), f"failed: {type(e).__name__}: {str(e)[:60]}"])
+                    torch.cuda.synchronize()
+                    continue
+            rows.append([name, str(c), t * 1e3, (qbytes(k, n) + 2 * (k + n)) / t / 1e6 / bw, tc * 1e3,
+                         tc / t, f"{err:.1e}"])
+        del ws, wd, ref
+        torch.cuda.empty_cache()
+    print_table(f"M=1 GEMV configurations ({dtype})", ["shape", "config", "ours us", "ours BW/copy",
+                "cuBLAS us", "speedup", "rel err"], rows)
+
+
 def sweep_moe(deadline, dtype):
     key, _ = w4a16.device_key("cuda")
     gv, gm, rep = w4a16.GemvConfig, w4a16.GemmConfig, dataclasses.replace
@@ -272,8 +307,12 @@ def main():
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--deadline", type=float, default=float("inf"), help="epoch seconds to stop sweeping")
     ap.add_argument("--bf16", action="store_true", help="also print the dense table in bf16")
+    ap.add_argument("--gemv-m1", action="store_true", help="only time GEMV_STAGED at M = 1, then stop")
     args = ap.parse_args()
     print(device_header(), flush=True)
+    if args.gemv_m1:
+        sweep_gemv_dense()
+        return
     key, _ = w4a16.device_key("cuda")
     if args.sweep:
         dense_tab, moe_tab = sweep(args.deadline)

@@ -8,7 +8,8 @@ Two kernels, picked by M from a per-architecture table:
   of a float whose unit in the last place is 1 gives ``2^e + q`` exactly, one LOP3 and one FADD per
   weight; the zero point comes off once per int32 as ``z * sum(x)``. Its loads do not feed tl.dot,
   so Triton pipelines them only in a ``tl.range(num_stages=...)`` loop (table num_stages > 1);
-  with 1 (what was measured) wide K tiles (several groups each, each int32 reading its own group's
+  on the H200, num_stages 2-4 measured 3-13% slower at M = 1 than 1 (bench_gemm.py --gemv-m1), so the
+  table keeps 1, where wide K tiles (several groups each, each int32 reading its own group's
   scale) and a hand-written one-tile-ahead fetch keep bytes in flight instead.
 - ``_w4a16_gemm_kernel`` (M above that): ``tl.dot`` with the dequantised weight as the *first*
   operand (``acc[BN, BM] = W^T x^T``), so that on sm_90 the computed operand may sit in registers
