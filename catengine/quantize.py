@@ -85,7 +85,7 @@ def _round_up(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return y
 
 
-def _quantizable(module: str, weight_shape: tuple[int, ...], group_size: int) -> bool:
+def is_quantizable(module: str, weight_shape: tuple[int, ...], group_size: int) -> bool:
     if len(weight_shape) != 2 or _KEEP_DENSE.search(module):
         return False
     out_f, in_f = weight_shape
@@ -96,7 +96,7 @@ def _quantizable(module: str, weight_shape: tuple[int, ...], group_size: int) ->
     return in_f % group_size == 0 and in_f % 8 == 0 and out_f % 8 == 0
 
 
-class _ShardWriter:
+class ShardWriter:
     """Collects output tensors and writes a shard whenever ``max_bytes`` is reached; ``finish`` names the
     shards like transformers does and writes the index."""
 
@@ -142,7 +142,7 @@ class _ShardWriter:
         return files
 
 
-def _skip_list(quantized: set[str], dense: set[str], method: str) -> list[str]:
+def skip_list(quantized: set[str], dense: set[str], method: str) -> list[str]:
     """Entries naming every dense linear-like module and no quantized one, as AWQ (substring) and
     compressed-tensors (exact / ``re:``) loaders read them. Names drop the ``model.`` / ``model.language_model.``
     prefix, which other engines rename; a layer's dense experts are named by their ``mlp.experts`` prefix, the
@@ -173,7 +173,7 @@ def _skip_list(quantized: set[str], dense: set[str], method: str) -> list[str]:
     return out
 
 
-def _quant_config(method: str, group_size: int, symmetric: bool, skip: list[str]) -> dict:
+def quantization_config(method: str, group_size: int, symmetric: bool, skip: list[str]) -> dict:
     if method == "awq":
         return {"quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": True,
                 "version": "gemm", "modules_to_not_convert": skip}
@@ -206,12 +206,12 @@ def quantize_checkpoint(src: str | Path, dst: str | Path, format: str = "awq", g
     dst.mkdir(parents=True, exist_ok=True)
 
     tensors = list_tensors(src)
-    writer = _ShardWriter(dst, max_shard_bytes)
+    writer = ShardWriter(dst, max_shard_bytes)
     quantized, dense = set(), set()
     files = list(dict.fromkeys(t.file for t in tensors))
 
     def put_linear(module: str, w: torch.Tensor) -> None:
-        if not (w.is_floating_point() and _quantizable(module, tuple(w.shape), group_size)):
+        if not (w.is_floating_point() and is_quantizable(module, tuple(w.shape), group_size)):
             writer.add(f"{module}.weight", w)
             dense.add(module)
             return
@@ -247,8 +247,8 @@ def quantize_checkpoint(src: str | Path, dst: str | Path, format: str = "awq", g
                     writer.add(info.name, t)
     writer.finish()
 
-    cfg["quantization_config"] = _quant_config(format, group_size, symmetric,
-                                               _skip_list(quantized, dense, format))
+    cfg["quantization_config"] = quantization_config(format, group_size, symmetric,
+                                               skip_list(quantized, dense, format))
     (dst / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     for p in src.iterdir():
         if p.is_file() and p.name not in ("config.json", INDEX_FILE) and not p.name.endswith(_WEIGHT_FILES):

@@ -37,7 +37,7 @@ import torch
 
 from .errors import CatEngineError, ConfigError
 from .models.quant_formats import canonical_to_awq
-from .quantize import _quant_config, _quantizable, _ShardWriter, _skip_list, rtn_quantize
+from .quantize import quantization_config, is_quantizable, ShardWriter, skip_list, rtn_quantize
 
 _COMMON = dict(
     vocab_size=248320, head_dim=256, linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
@@ -260,7 +260,7 @@ def estimate_checkpoint_bytes(preset_or_config: str | dict, quant: str | None = 
     total = 0
     for spec in tensor_specs(cfg["text_config"], mtp):
         for name, shape in _expand(spec, spec.shape, quant is not None):
-            if quant and _is_linear(name, len(shape)) and _quantizable(name[:-7], shape, group_size):
+            if quant and _is_linear(name, len(shape)) and is_quantizable(name[:-7], shape, group_size):
                 out_f, in_f = shape
                 # qweight int32 [K, N/8] + qzeros int32 [K/G, N/8] + scales fp16 [K/G, N]
                 total += in_f * out_f // 2 + (in_f // group_size) * out_f // 2 + (in_f // group_size) * out_f * 2
@@ -298,7 +298,7 @@ def write_random_checkpoint(dst: str | Path, preset_or_config: str | dict, *, qu
     total = estimate_checkpoint_bytes(preset_or_config, quant, group_size=group_size, dtype=dtype, mtp=mtp,
                                       num_layers=num_layers)
     dst.mkdir(parents=True, exist_ok=True)
-    writer = _ShardWriter(dst, max_shard_bytes)
+    writer = ShardWriter(dst, max_shard_bytes)
     quantized, dense = set(), set()
     cpu = torch.device(device).type == "cpu"
     next_report = 0
@@ -307,7 +307,7 @@ def write_random_checkpoint(dst: str | Path, preset_or_config: str | dict, *, qu
             value = make_tensor(spec, seed, device, dtype)
             for name, w in _expand(spec, value, quant is not None):
                 module = name[:-7] if _is_linear(name, w.dim()) else None
-                if quant and module and _quantizable(module, tuple(w.shape), group_size):
+                if quant and module and is_quantizable(module, tuple(w.shape), group_size):
                     for part, t in quantize_linear_awq(w, group_size).items():
                         writer.add(f"{module}.{part}", t)
                     quantized.add(module)
@@ -323,7 +323,7 @@ def write_random_checkpoint(dst: str | Path, preset_or_config: str | dict, *, qu
                 next_report = writer.total + (1 << 30)
     writer.finish()
     if quant:
-        cfg["quantization_config"] = _quant_config(quant, group_size, False, _skip_list(quantized, dense, quant))
+        cfg["quantization_config"] = quantization_config(quant, group_size, False, skip_list(quantized, dense, quant))
     _write_json(dst / "generation_config.json", GENERATION_CONFIG)
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(tokenizer_dir / f, dst / f)
