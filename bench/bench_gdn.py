@@ -27,6 +27,7 @@ from bench.common import (bench_ms, copy_bandwidth_gbs, device_header, graph_ms,
                           print_table)
 from catengine.kernels import conv1d as cv  # noqa: E402
 from catengine.kernels import gated_delta_rule as gdr  # noqa: E402
+from catengine.kernels import gdn_recurrent as rec  # noqa: E402
 
 HK, HV, DK, DV, KC = 16, 48, 128, 128, 4
 C = 2 * HK * DK + HV * DV
@@ -47,7 +48,7 @@ def gdn_inputs(lens, seed=0):
         return torch.randn(*shape, device="cuda", generator=gen).to(dtype)
     q, k, v = rnd(t, HK, DK), rnd(t, HK, DK), rnd(t, HV, DV)
     a_log = torch.rand(HV, device="cuda", generator=gen) * 3 - 1.5
-    g, beta = gdr.gdn_gating(a_log, rnd(t, HV), torch.rand(HV, device="cuda", generator=gen), rnd(t, HV))
+    g, beta = rec.gdn_gating(a_log, rnd(t, HV), torch.rand(HV, device="cuda", generator=gen), rnd(t, HV))
     ssm = rnd(b, HV, DK, DV, dtype=torch.float32) * 0.1
     slots = torch.randperm(b, device="cuda", generator=gen).to(torch.int32)
     has = torch.ones(b, dtype=torch.bool, device="cuda")
@@ -123,7 +124,7 @@ def decode_ms(b, table=None):
     q, k, v, g, beta, _, qsl, _, has = gdn_inputs([1] * b, seed=b)
     ssm = torch.randn(rot * b, HV, DK, DV, device="cuda") * 0.1
     sets = [torch.randperm(b, device="cuda").to(torch.int32) + r * b for r in range(rot)]
-    return graph_ms([lambda s=s: gdr._recurrent(q, k, v, g, beta, ssm, qsl, s, has, 0.088, True, None, table)
+    return graph_ms([lambda s=s: rec._recurrent(q, k, v, g, beta, ssm, qsl, s, has, 0.088, True, None, table)
                      for s in sets]), state_bytes
 
 

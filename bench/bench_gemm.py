@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from common import copy_bandwidth_gbs, device_header, print_table
 
 from catengine.kernels import fused_moe as moe
+from catengine.kernels import moe_route as route
 from catengine.kernels import reference, w4a16
 from catengine.kernels.packing import QuantizedWeight, dequantize, pack_int4_along_k
 
@@ -150,7 +151,7 @@ def bench_moe(dtype=torch.float16):
         for i in range(16 if t == 1 else 1):
             g = torch.Generator(device="cuda").manual_seed(100 + i)
             logits = torch.randn(t, E, device="cuda", generator=g)
-            routes.append(moe.moe_route(logits, TOPK, True))
+            routes.append(route.moe_route(logits, TOPK, True))
         x = torch.randn(t, HID, device="cuda", dtype=dtype)
         ref = reference.fused_moe(x, w13, w2, *routes[0]).float()
         err = ((moe.fused_moe(x, w13, w2, *routes[0]).float() - ref).norm() / ref.norm()).item()
@@ -162,7 +163,7 @@ def bench_moe(dtype=torch.float16):
         rows.append([f"{t} token(s), {n_exp:.0f} experts", tm * 1e3, nbytes / tm / 1e6 / bw,
                      flops / tm / 1e9, tp * 1e3, tp / tm, f"{err:.1e}"])
     logits = torch.randn(1, E, device="cuda")
-    tr = graph_ms([lambda: moe.moe_route(logits, TOPK, True)])
+    tr = graph_ms([lambda: route.moe_route(logits, TOPK, True)])
     print_table(f"fused MoE W4A16 (E {E}, top-{TOPK}, H {HID}, I {INTER}, {dtype}) vs torch per-expert fp16 loop",
                 ["case", "ours us", "BW/copy (chosen experts)", "TFLOP/s", "torch loop us", "speedup", "rel err"],
                 rows)
@@ -281,7 +282,7 @@ def sweep_moe(deadline, dtype):
     w13, w2 = moe_weights(dtype)
 
     def timer(t, n_routes):
-        routes = [moe.moe_route(torch.randn(t, E, device="cuda"), TOPK, True) for _ in range(n_routes)]
+        routes = [route.moe_route(torch.randn(t, E, device="cuda"), TOPK, True) for _ in range(n_routes)]
         x = torch.randn(t, HID, device="cuda", dtype=dtype)
 
         def run():

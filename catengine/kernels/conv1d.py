@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from .aot import AotConfig
+from .arch import arch_from_cc, arch_of
 
 
 @dataclass(frozen=True)
@@ -46,16 +47,10 @@ _TABLE = {
 }
 
 
-def _arch(cc: int) -> int:
-    return 90 if cc >= 90 else 80 if cc >= 80 else 70
-
-
 @functools.cache
 def _device_table(device: torch.device) -> ConvTable:
-    if device.type != "cuda":  # the interpreter (CI): any entry works, take the sm_80 one
-        return _TABLE[80]
-    major, minor = torch.cuda.get_device_capability(device)
-    return _TABLE[_arch(10 * major + minor)]
+    # the interpreter (CI) gets the sm_80 row: any entry works there
+    return _TABLE[arch_of(device)]
 
 
 @triton.jit
@@ -234,7 +229,7 @@ def aot_configs(cc: int) -> list[AotConfig]:
     """Every launch configuration of this architecture's table, for the model's Kc = 4 and each
     activation dtype each architecture serves (fp16 on sm_70, which has no bf16; bf16
     from sm_80 on: the fp16 build of the same tiles has the same shared-memory footprint)."""
-    cfg = _TABLE[_arch(cc)]
+    cfg = _TABLE[arch_from_cc(cc)]
     dtypes = ["fp16"] if cc < 80 else ["bf16"]
     out = []
     for dt in dtypes:

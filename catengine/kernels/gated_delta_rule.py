@@ -1,4 +1,5 @@
-"""Gated DeltaNet: gating, chunked prefill (WY / UT-transform form, chunk 64) and recurrent decode.
+"""Gated DeltaNet chunked prefill (WY / UT-transform form, chunk 64); the gating and the recurrent
+decode are in :mod:`catengine.kernels.gdn_recurrent`, which shares this module's table and checks.
 
 Chunked prefill over a varlen batch is two kernels (after a tiny one for chunk offsets):
 1. ``gdn_chunk_wy_kernel`` (chunk x value head, all parallel): l2norm(k), cumulative log decay,
@@ -24,6 +25,7 @@ import triton
 import triton.language as tl
 
 from .aot import AotConfig
+from .arch import arch_from_cc, arch_of
 
 BT = 64  # chunk length; the WY kernel is written for 4 sub-blocks of 16
 
@@ -60,39 +62,10 @@ _TABLE = {
 }
 
 
-def _arch(cc: int) -> int:
-    return 90 if cc >= 90 else 80 if cc >= 80 else 70
-
-
 @functools.cache
 def _device_table(device: torch.device) -> GDNTable:
-    if device.type != "cuda":  # the interpreter (CI)
-        return _TABLE[80]
-    major, minor = torch.cuda.get_device_capability(device)
-    return _TABLE[_arch(10 * major + minor)]
-
-
-# ---------------------------------------------------------------- gating
-@triton.jit
-def gdn_gating_kernel(A_log, a, dt_bias, b, g, beta, T, HV, stride_a_t, stride_b_t,
-                      BT: tl.constexpr, BH: tl.constexpr):
-    i_t = tl.program_id(0)
-    o_t = (i_t * BT + tl.arange(0, BT)).to(tl.int64)
-    o_h = tl.arange(0, BH)
-    m_h = o_h < HV
-    m = (o_t < T)[:, None] & m_h[None, :]
-    # [BH]
-    b_A = tl.load(A_log + o_h, mask=m_h, other=0.).to(tl.float32)
-    b_dt = tl.load(dt_bias + o_h, mask=m_h, other=0.).to(tl.float32)
-    # [BT, BH]
-    b_x = tl.load(a + o_t[:, None] * stride_a_t + o_h[None, :], mask=m, other=0.).to(tl.float32) + b_dt[None, :]
-    b_b = tl.load(b + o_t[:, None] * stride_b_t + o_h[None, :], mask=m, other=0.).to(tl.float32)
-    # softplus as torch has it (threshold 20); log(1 + e) loses e < 1e-4 to rounding, so take its series there
-    b_e = tl.exp(tl.minimum(b_x, 20.))
-    b_sp = tl.where(b_x > 20., b_x, tl.where(b_e < 1e-4, b_e - 0.5 * b_e * b_e, tl.log(1. + b_e)))
-    p = o_t[:, None] * HV + o_h[None, :]
-    tl.store(g + p, -tl.exp(b_A)[None, :] * b_sp, mask=m)
-    tl.store(beta + p, tl.sigmoid(b_b), mask=m)
+    # the interpreter (CI) gets the sm_80 row
+    return _TABLE[arch_of(device)]
 
 
 # ---------------------------------------------------------------- shared helpers
@@ -255,58 +228,6 @@ def gdn_chunk_scan_kernel(q, k, v, x, g, beta, o, ssm, qsl, cu_chunks, state_slo
     tl.store(p_s, b_h, mask=m_k[:, None] & m_v[None, :])
 
 
-# ---------------------------------------------------------------- recurrent (decode, speculative verify)
-@triton.jit
-def gdn_recurrent_kernel(q, k, v, g, beta, o, ssm, qsl, state_slots, has_init, inter, HV, R, scale,
-                         stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_g_t,
-                         stride_beta_t, stride_o_t, stride_o_h, stride_ssm_slot, stride_inter_b,
-                         K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                         USE_L2NORM: tl.constexpr, HAS_INTER: tl.constexpr):
-    i_bh, i_v = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // HV, i_bh % HV
-    i_hk = i_h // R
-    bos, eos = tl.load(qsl + i_b), tl.load(qsl + i_b + 1)
-    slot = tl.load(state_slots + i_b).to(tl.int64)
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k = o_k < K
-    m_v = o_v < V
-    n_init = tl.where(tl.load(has_init + i_b) != 0, K, 0)
-    o_s = i_h * K * V + o_k[:, None] * V + o_v[None, :]
-    # [BK, BV]
-    b_h = tl.load(ssm + slot * stride_ssm_slot + o_s, mask=(o_k < n_init)[:, None] & m_v[None, :], other=0.)
-    for i_t in range(0, eos - bos):
-        t = bos + i_t
-        t64 = t.to(tl.int64)
-        # [BK]
-        b_q = tl.load(q + t64 * stride_q_t + i_hk * stride_q_h + o_k, mask=m_k, other=0.).to(tl.float32)
-        b_k = tl.load(k + t64 * stride_k_t + i_hk * stride_k_h + o_k, mask=m_k, other=0.).to(tl.float32)
-        if USE_L2NORM:
-            b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q, 0) + 1e-6)
-            b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, 0) + 1e-6)
-        b_q = b_q * scale
-        # [BV]
-        b_v = tl.load(v + t64 * stride_v_t + i_h * stride_v_h + o_v, mask=m_v, other=0.).to(tl.float32)
-        b_g = tl.load(g + t64 * stride_g_t + i_h)
-        b_beta = tl.load(beta + t64 * stride_beta_t + i_h)
-        # S' = e S + k d^T with d = beta (v - e S^T k), and o = S'^T q = e S^T q + (q . k) d: both
-        # reductions read the old state, so only one [BK, BV] block is live
-        b_e = tl.exp(b_g)
-        b_hk = tl.sum(b_h * b_k[:, None], 0)
-        b_hq = tl.sum(b_h * b_q[:, None], 0)
-        b_v = b_beta * (b_v - b_e * b_hk)
-        b_o = b_e * b_hq + tl.sum(b_q * b_k, 0) * b_v
-        b_h = b_h * b_e + b_k[:, None] * b_v[None, :]
-        tl.store(o + t64 * stride_o_t + i_h * stride_o_h + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
-        if HAS_INTER:
-            i_s = tl.load(inter + i_b * stride_inter_b + i_t).to(tl.int64)
-            n_rows = tl.where(i_s >= 0, K, 0)
-            tl.store(ssm + tl.maximum(i_s, 0) * stride_ssm_slot + o_s, b_h,
-                     mask=(o_k < n_rows)[:, None] & m_v[None, :])
-    n_fin = tl.where(eos > bos, K, 0)
-    tl.store(ssm + slot * stride_ssm_slot + o_s, b_h, mask=(o_k < n_fin)[:, None] & m_v[None, :])
-
-
 # ---------------------------------------------------------------- host side
 def _rows(t):
     return t if t.stride(-1) == 1 else t.contiguous()
@@ -331,20 +252,6 @@ def _check(q, k, v, g, beta, ssm_states, chunk_size=BT):
 
 def _pad(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
-
-
-def gdn_gating(A_log, a, dt_bias, b):
-    """Triton twin of :func:`catengine.kernels.reference.gdn_gating` (same signature)."""
-    a, b = _rows(a), _rows(b)
-    t, hv = a.shape
-    g = torch.empty((t, hv), dtype=torch.float32, device=a.device)
-    beta = torch.empty_like(g)
-    if t:
-        bh = triton.next_power_of_2(hv)
-        bt = max(1, 2048 // bh)
-        gdn_gating_kernel[(triton.cdiv(t, bt),)](A_log.contiguous(), a, dt_bias.contiguous(), b, g, beta, t, hv,
-                                                 a.stride(0), b.stride(0), BT=bt, BH=bh, num_warps=4)
-    return g, beta
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, ssm_states, query_start_loc, state_slots,
@@ -422,43 +329,7 @@ def chunk_steps(q, k, v, g, beta, ssm_states, qsl, state_slots, has_init, scale,
     return o, [("wy+scan overlapped", overlapped)]
 
 
-def recurrent_gated_delta_rule(q, k, v, g, beta, ssm_states, query_start_loc, state_slots,
-                               has_initial_state, scale: float, use_qk_l2norm: bool = True,
-                               intermediate_state_slots=None):
-    """Triton twin of :func:`catengine.kernels.reference.recurrent_gated_delta_rule` (same signature)."""
-    return _recurrent(q, k, v, g, beta, ssm_states, query_start_loc, state_slots, has_initial_state, scale,
-                      use_qk_l2norm, intermediate_state_slots, None)
-
-
-def _recurrent(q, k, v, g, beta, ssm_states, qsl, state_slots, has_init, scale, use_qk_l2norm, inter,
-               table: GDNTable | None):
-    """recurrent_gated_delta_rule with an explicit table (None: this device's); the benchmark tries others."""
-    _check(q, k, v, g, beta, ssm_states)
-    q, k, v, g, beta = (_rows(x) for x in (q, k, v, g, beta))
-    t, hk, dk = q.shape
-    hv, dv = v.shape[1:]
-    nb = qsl.shape[0] - 1
-    o = torch.empty((t, hv, dv), dtype=v.dtype, device=v.device)
-    if t == 0 or nb == 0:
-        return o
-    cfg = table or _device_table(v.device)
-    bk, bv = _pad(dk), min(cfg.rec_bv, _pad(dv))
-    has_inter = inter is not None
-    inter_arg = inter if has_inter else state_slots
-    gdn_recurrent_kernel[(nb * hv, triton.cdiv(dv, bv))](
-        q, k, v, g, beta, o, ssm_states, qsl, state_slots, has_init, inter_arg, hv, hv // hk, float(scale),
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
-        o.stride(0), o.stride(1), ssm_states.stride(0), inter.stride(0) if has_inter else 0,
-        K=dk, V=dv, BK=bk, BV=bv, USE_L2NORM=bool(use_qk_l2norm), HAS_INTER=has_inter,
-        num_warps=cfg.rec_warps, num_stages=1)
-    return o
-
-
-TRITON_OPS = {
-    "gdn_gating": gdn_gating,
-    "chunk_gated_delta_rule": chunk_gated_delta_rule,
-    "recurrent_gated_delta_rule": recurrent_gated_delta_rule,
-}
+TRITON_OPS = {"chunk_gated_delta_rule": chunk_gated_delta_rule}
 
 
 def _aot(kernel, ptrs: dict, consts: dict, num_warps: int, num_stages: int, name: str) -> AotConfig:
@@ -473,25 +344,17 @@ def aot_configs(cc: int) -> list[AotConfig]:
     """Every launch of this architecture's table at the model's head dims (dk = dv = 128), for each
     activation dtype each architecture serves (fp16 on sm_70, which has no bf16; bf16
     from sm_80 on: the fp16 build of the same tiles has the same shared-memory footprint)."""
-    c = _TABLE[_arch(cc)]
+    c = _TABLE[arch_from_cc(cc)]
     out = []
     for dt in (["fp16"] if cc < 80 else ["bf16"]):
         p, f32, i32 = f"*{dt}", "*fp32", "*i32"
         dims = {"K": 128, "V": 128, "BK": 128, "USE_L2NORM": True}
         out += [
-            _aot(gdn_gating_kernel, {"A_log": f32, "a": p, "dt_bias": f32, "b": p, "g": f32, "beta": f32},
-                 {"BT": 32, "BH": 64}, 4, 1, f"gating_{dt}"),
             _aot(gdn_chunk_wy_kernel, {"k": p, "g": f32, "beta": f32, "x": p, "qsl": i32, "cu_chunks": i32},
                  dict(K=128, BK=128, USE_L2NORM=True, DOT=c.wy_dot), c.wy_warps, 1, f"chunk_wy_{dt}"),
             _aot(gdn_chunk_scan_kernel, {"q": p, "k": p, "v": p, "x": p, "g": f32, "beta": f32, "o": p, "ssm": f32,
                                          "qsl": i32, "cu_chunks": i32, "state_slots": i32, "has_init": "*i1"},
                  dict(dims, BV=c.scan_bv), c.scan_warps, c.scan_stages, f"chunk_scan_{dt}"),
-            _aot(gdn_recurrent_kernel, {"q": p, "k": p, "v": p, "g": f32, "beta": f32, "o": p, "ssm": f32,
-                                        "qsl": i32, "state_slots": i32, "has_init": "*i1", "inter": i32},
-                 dict(dims, BV=c.rec_bv, HAS_INTER=False), c.rec_warps, 1, f"recurrent_{dt}"),
-            _aot(gdn_recurrent_kernel, {"q": p, "k": p, "v": p, "g": f32, "beta": f32, "o": p, "ssm": f32,
-                                        "qsl": i32, "state_slots": i32, "has_init": "*i1", "inter": i32},
-                 dict(dims, BV=c.rec_bv, HAS_INTER=True), c.rec_warps, 1, f"recurrent_inter_{dt}"),
         ]
     out.append(_aot(gdn_chunk_offsets_kernel, {"qsl": i32, "cu_chunks": i32}, {"BT": BT, "BB": 128}, 4, 1,
                     "chunk_offsets"))

@@ -12,23 +12,10 @@ import triton.language as tl
 
 from ..errors import ConfigError
 from .aot import AotConfig
+from .arch import arch_from_cc, arch_of
 
 # arch -> num_warps for one token's [nkv, d] rows (a few KB: a pure bandwidth copy)
 _WARPS = {70: 4, 80: 4, 90: 4}
-
-
-def arch_from_cc(cc: int) -> int:
-    """Row of the per-architecture launch tables: 70 (Volta/Turing: no bf16, no cp.async),
-    80 (Ampere/Ada), 90 (Hopper and newer)."""
-    return 70 if cc < 80 else (80 if cc < 90 else 90)
-
-
-def arch_of(device) -> int:
-    """Launch-table row for tensors on ``device``; the interpreter (CPU tensors) uses the sm_80 row."""
-    if getattr(device, "type", str(device)) != "cuda":
-        return 80
-    major, minor = torch.cuda.get_device_capability(device)
-    return arch_from_cc(10 * major + minor)
 
 
 @triton.jit
@@ -120,4 +107,4 @@ def aot_configs(cc: int) -> list[AotConfig]:
     return out
 
 
-__all__ = ["store_kv", "fp16_to_e5m2_bits", "arch_of", "arch_from_cc", "TRITON_OPS", "aot_configs"]
+__all__ = ["store_kv", "fp16_to_e5m2_bits", "TRITON_OPS", "aot_configs"]

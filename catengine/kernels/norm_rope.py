@@ -16,7 +16,7 @@ import triton.language as tl
 
 from ..errors import ConfigError
 from .aot import AotConfig
-from .kv_store import arch_from_cc, arch_of
+from .arch import arch_from_cc, arch_of
 
 MAX_HIDDEN = 65536  # rms_norm keeps one row in registers
 

@@ -17,12 +17,14 @@ from . import reference
 TRITON_MODULES = (
     "catengine.kernels.w4a16",            # issue: Triton kernels I
     "catengine.kernels.fused_moe",        # issue: Triton kernels I
+    "catengine.kernels.moe_route",        # issue: Triton kernels I (routing, split from fused_moe)
     "catengine.kernels.attention",        # issue: Triton kernels II
     "catengine.kernels.kv_store",         # issue: Triton kernels II
     "catengine.kernels.norm_rope",        # issue: Triton kernels II (norms, RoPE, activations)
     "catengine.kernels.sampler",          # issue: Triton kernels II
     "catengine.kernels.conv1d",           # issue: Triton kernels III
     "catengine.kernels.gated_delta_rule",  # issue: Triton kernels III
+    "catengine.kernels.gdn_recurrent",    # issue: Triton kernels III (gating + recurrent, split from gated_delta_rule)
 )
 
 OP_NAMES = (

@@ -28,7 +28,7 @@ import triton.language as tl
 
 from ..errors import ConfigError
 from .aot import AotConfig
-from .kv_store import arch_from_cc, arch_of
+from .arch import arch_from_cc, arch_of
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import torch
 
 from catengine.errors import ConfigError
 from catengine.kernels import fused_moe as moe
+from catengine.kernels import moe_route as route
 from catengine.kernels import reference
 from catengine.kernels.packing import QuantizedWeight, pack_int4_along_k
 
@@ -80,7 +81,7 @@ def test_route(t, e, k, renorm, dtype):
     # distinct logits, exact in every dtype (ties may be ordered either way)
     g = torch.Generator().manual_seed(t * e)
     logits = torch.stack([torch.randperm(e, generator=g) for _ in range(t)]).float().mul(0.25).to(dtype)
-    w, ids = moe.moe_route(logits, k, renorm)
+    w, ids = route.moe_route(logits, k, renorm)
     rw, rids = reference.moe_route(logits, k, renorm)
     assert ids.dtype == torch.int32 and w.dtype == torch.float32
     assert torch.equal(ids, rids)
@@ -89,7 +90,7 @@ def test_route(t, e, k, renorm, dtype):
 
 def test_route_rejects_bad_top_k():
     with pytest.raises(ConfigError, match="top_k"):
-        moe.moe_route(torch.randn(2, 4), 5)
+        route.moe_route(torch.randn(2, 4), 5)
 
 
 @pytest.mark.parametrize("quant,group,symmetric,dtype", [
@@ -125,7 +126,7 @@ def test_sorted(t, e, k, quant, group, dtype):
 
 def test_align_tokens():
     ids = torch.tensor([[2, 0], [2, 1], [0, 2], [2, 3]], dtype=torch.int32)
-    sorted_ids, block_expert, n_post = moe.align_tokens(ids, 5, 4)
+    sorted_ids, block_expert, n_post = route.align_tokens(ids, 5, 4)
     n = int(n_post)
     assert n == 16                                     # experts 0..3 hold 2, 1, 4, 1 rows: a block each
     assert block_expert[: n // 4].tolist() == [0, 1, 2, 3] and (block_expert[n // 4:] == -1).all()

@@ -17,7 +17,8 @@ import torch
 
 from catengine.kernels import reference as ref
 from catengine.kernels import gated_delta_rule as gdr
-from catengine.kernels.gated_delta_rule import chunk_gated_delta_rule, gdn_gating, recurrent_gated_delta_rule
+from catengine.kernels.gated_delta_rule import chunk_gated_delta_rule
+from catengine.kernels.gdn_recurrent import gdn_gating, recurrent_gated_delta_rule
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}

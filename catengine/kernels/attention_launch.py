@@ -1,0 +1,66 @@
+"""Launch tables of the paged attention kernels (:mod:`catengine.kernels.attention`) and the helpers
+that pick a row, the decode warps and the split count; split from ``attention.py``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import triton
+
+_MIN_SPLIT_TILES = 4          # a decode split reads at least this many key tiles
+
+
+@dataclass(frozen=True)
+class AttnLaunch:
+    block_m: int      # query rows (tokens x group heads) per program; decode: a lower bound
+    block_n: int      # keys per inner step
+    num_warps: int
+    num_stages: int
+    two_phase: bool = False  # unmasked loop over the keys all rows see, then a masked one: pays for
+    #                          compute-bound prefill; a single masked loop halves the code (and
+    #                          sm_70's FMA-lowered dots compile for minutes per copy)
+    ctas_per_sm: int = 1     # resident programs per SM (registers, shared memory): decode sizes its
+    #                          split count to fill exactly these slots, as a second partial wave
+    #                          of programs would nearly double the time
+
+
+# (arch, head_dim) -> launch. sm_70: no cp.async (stages 1-2), 96 KB of shared memory, and dots
+# lowered to FMA, which hold whole operand fragments in registers: 8 warps and short key tiles keep
+# them under 255 registers (bigger tiles spill kilobytes per thread; checked with ptxas -v). The
+# sm_80 row also serves sm_86/89 (99 KB of shared memory per block). sm_90: from the launch sweep
+# of bench/bench_attention.py on an H200.
+PREFILL = {
+    (70, 64): AttnLaunch(64, 32, 8, 1), (70, 128): AttnLaunch(64, 16, 8, 1), (70, 256): AttnLaunch(32, 16, 8, 1),
+    (80, 64): AttnLaunch(64, 64, 4, 2, True), (80, 128): AttnLaunch(128, 64, 8, 2, True),
+    (80, 256): AttnLaunch(64, 32, 8, 2, True),
+    (90, 64): AttnLaunch(128, 64, 4, 3, True), (90, 128): AttnLaunch(128, 64, 8, 2, True),
+    (90, 256): AttnLaunch(128, 64, 8, 2, True),
+}
+DECODE = {
+    (70, 64): AttnLaunch(16, 64, 8, 2), (70, 128): AttnLaunch(16, 32, 8, 2), (70, 256): AttnLaunch(16, 16, 8, 2),
+    (80, 64): AttnLaunch(16, 64, 4, 2, False, 2), (80, 128): AttnLaunch(16, 64, 4, 2, False, 2),
+    (80, 256): AttnLaunch(16, 64, 4, 2, False, 2),
+    (90, 64): AttnLaunch(16, 128, 4, 3, False, 2), (90, 128): AttnLaunch(16, 64, 4, 3, False, 2),
+    (90, 256): AttnLaunch(16, 64, 4, 3, False, 2),
+}
+# e5m2 tiles are half the bytes: longer ones keep as many bytes in flight
+DECODE_E5M2 = {(90, 256): AttnLaunch(16, 128, 4, 3, False, 2)}
+
+
+def decode_warps(cfg: AttnLaunch, block_m: int) -> int:
+    """Speculative rows (block_m above the table's) get proportionally more warps, up to 16."""
+    return min(16, cfg.num_warps * block_m // cfg.block_m)
+
+
+def table_launch(arch: int, d: int, decode: bool, fp8: bool) -> AttnLaunch:
+    if not decode:
+        return PREFILL[(arch, d)]
+    return DECODE_E5M2.get((arch, d), DECODE[(arch, d)]) if fp8 else DECODE[(arch, d)]
+
+
+def num_decode_splits(batch: int, nkv: int, max_seq_len: int, cfg: AttnLaunch, sms: int) -> int:
+    """As many splits as fill the GPU's resident program slots in one wave, but no split shorter than
+    _MIN_SPLIT_TILES key tiles."""
+    tiles = triton.cdiv(max(max_seq_len, 1), cfg.block_n)
+    want = max(1, cfg.ctas_per_sm * sms // max(batch * nkv, 1))
+    return max(1, min(want, tiles // _MIN_SPLIT_TILES))
