@@ -70,7 +70,7 @@ def test_paged_attention_equals_dense_causal_sdpa(kv_dtype):
     kc = torch.zeros(num_blocks, bs, nkv, d, dtype=kv_dtype)
     vc = torch.zeros_like(kc)
     perm = torch.randperm(num_blocks, generator=g).tolist()
-    tables, outs, qs, expected = [], [], [], []
+    tables, qs, expected = [], [], []
     for c, n in zip(ctx, new):
         total = c + n
         table = [perm.pop() for _ in range((total + bs - 1) // bs)]
