@@ -1,0 +1,397 @@
+"""`catengine bench`: end-to-end numbers on random-weight checkpoints with the published dimensions (issue 8).
+
+    catengine bench --device cuda --out bench.json                  # 27B AWQ and 35B-A3B AWQ, every engine section
+    catengine bench --model-preset qwen3.5-27b --transformers --correctness
+    catengine bench --device cpu --quick                            # tiny models and lengths: a smoke run
+
+Checkpoints are written once to ``--workdir`` (never into the repository) and reused while complete
+(``config.json`` is written last). Every latency is wall time around ``Engine.generate`` of random token ids with
+prefix caching off, the median of ``--reps`` runs after one warm-up of the same shape. Sections:
+
+- ``decode``: incremental batch-1 decode TPS ``(N - 1) / (median t(prompt + N) - median t(prompt + 1))`` (N = 64) at
+  short (512) and long (8K) context: prefill and the first token cancel, only decode steps remain;
+- ``prefill``: prompt tokens / latency of a max_tokens=1 request (8K and 32K);
+- ``concurrent``: output tokens / wall time of 8, 32, 64 requests of 256 in / 128 out submitted together;
+- ``roofline``: bytes one batch-1 decode step must read (weights incl. lm_head, the routed share of the experts,
+  KV at the context, GDN states read + written) / measured copy bandwidth, and decode as a fraction of it;
+- ``kv_fp8``: incremental decode TPS at 32K with fp16 vs fp8_e5m2 KV;
+- ``transformers`` / ``correctness`` (``--transformers`` / ``--correctness``): :mod:`catengine.bench_correctness`.
+The vLLM 0.25 figures of issue 8 (same kind of checkpoints, same H200) are printed beside ours.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import random
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from .errors import ConfigError
+
+# issue 8, "What the peer reaches on this H200": vLLM 0.25.0, fp16, CUDA graphs; transformers 5.17 fp16 batch 1
+PEERS = {
+    "qwen3.5-27b": {"decode_b1_short": 97.3, "decode_b1_long": 100.0, "prefill_8192": 12378.0,
+                    "concurrent_32": 1731.0, "transformers_fp16_b1": 8.4},
+    "qwen3.6-35b-a3b": {"decode_b1_short": 218.6, "decode_b1_long": 231.3, "prefill_8192": 42727.0,
+                        "concurrent_32": 3577.0},
+}
+_TINY = dict(vocab_size=512, hidden_size=128, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1,
+             head_dim=64, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
+             linear_value_head_dim=32, max_position_embeddings=4096)
+# (text_config overrides or a preset name, AWQ group size)
+BENCH_PRESETS: dict[str, tuple[str | dict, int]] = {
+    "qwen3.5-27b": ("qwen3.5-27b", 128),
+    "qwen3.6-35b-a3b": ("qwen3.6-35b-a3b", 128),
+    "qwen3.5-122b-a10b": ("qwen3.5-122b-a10b", 128),
+    "tiny-dense": (dict(base="qwen3.5-27b", intermediate_size=256, **_TINY), 32),
+    "tiny-moe": (dict(base="qwen3.6-35b-a3b", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
+                      shared_expert_intermediate_size=64, **_TINY), 32),
+}
+ALIASES = {"qwen3.6-27b": "qwen3.5-27b", "qwen3.5-35b-a3b": "qwen3.6-35b-a3b"}
+ENGINE_SECTIONS = ("decode", "prefill", "concurrent", "roofline", "kv_fp8")
+SECTIONS = ENGINE_SECTIONS + ("transformers", "correctness")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    short_ctx: int = 512
+    long_ctx: int = 8192
+    decode_tokens: int = 64
+    reps: int = 5
+    prefill_lens: tuple[int, ...] = (8192, 32768)
+    concurrency: tuple[int, ...] = (8, 32, 64)
+    conc_in: int = 256
+    conc_out: int = 128
+    fp8_ctx: int = 32768
+    hf_tokens: int = 32          # transformers is ~8 tok/s on the 27B: fewer tokens, same formula
+    hf_reps: int = 2
+    corr_tokens: int = 512
+    corr_layers: int = 8
+    corr_hidden: int = 1024
+    bandwidth_bytes: int = 2 << 30
+
+    @property
+    def max_model_len(self) -> int:
+        return max(self.long_ctx, self.fp8_ctx, *self.prefill_lens) + self.decode_tokens + 16
+
+
+# every path once with the fewest model steps: the CPU smoke run takes seconds, its numbers mean nothing
+QUICK = Sizes(short_ctx=16, long_ctx=40, decode_tokens=3, reps=1, prefill_lens=(32,), concurrency=(2,),
+              conc_in=8, conc_out=3, fp8_ctx=48, hf_tokens=3, hf_reps=1, corr_tokens=12, corr_layers=4,
+              corr_hidden=128, bandwidth_bytes=32 << 20)
+
+
+# ----------------------------------------------------------------------------- pure helpers
+def incremental_tps(lat_n: list[float], lat_1: list[float], n: int) -> float:
+    """``(n - 1) / (median(lat_n) - median(lat_1))``: decode tokens per second with prefill and the first token
+    cancelled. NaN when the difference is not positive (noise larger than the decode time: raise n or reps)."""
+    if n < 2:
+        raise ValueError(f"incremental TPS needs n >= 2 generated tokens, got {n}")
+    if not lat_n or not lat_1:
+        raise ValueError("incremental TPS needs at least one latency for each length")
+    diff = statistics.median(lat_n) - statistics.median(lat_1)
+    return (n - 1) / diff if diff > 0 else float("nan")
+
+
+def print_table(title: str, header: list[str], rows: list[list], file=None) -> str:
+    """Print (and return) a Markdown table, numbers formatted compactly."""
+    def fmt(v):
+        if isinstance(v, float):
+            return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+        return "-" if v is None else str(v)
+    lines = [f"### {title}", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
+    text = "\n".join(lines)
+    print(text, file=file, flush=True)
+    return text
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_copy_bandwidth(device="cuda", nbytes: int = 2 << 30, reps: int = 5) -> float:
+    """Device-to-device copy bandwidth in GB/s, counting bytes read plus bytes written (median of ``reps``)."""
+    device = torch.device(device)
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device=device).random_(0, 255)
+    dst = torch.empty_like(src)
+    times, batch = [], 8  # copies back to back between syncs: the sync's latency stays out of the number
+    for i in range(reps + 1):
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(batch):
+            dst.copy_(src)
+        _sync(device)
+        if i:  # the first batch pages memory in
+            times.append((time.perf_counter() - t0) / batch)
+    return 2 * src.numel() / statistics.median(times) / 1e9
+
+
+def safetensors_sizes(path: Path) -> dict[str, int]:
+    """{tensor name: bytes} from the safetensors headers of a model directory (no tensor is read)."""
+    sizes = {}
+    for f in sorted(Path(path).glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            n = int.from_bytes(fh.read(8), "little")
+            header = json.loads(fh.read(n))
+        for name, info in header.items():
+            if name != "__metadata__":
+                sizes[name] = info["data_offsets"][1] - info["data_offsets"][0]
+    return sizes
+
+
+def decode_weight_bytes(sizes: dict[str, int], num_experts: int = 0, top_k: int = 0) -> int:
+    """Weight bytes one batch-1 decode step reads: every tensor but the embedding (one row) and the MTP head,
+    routed experts at their top-k share (shared experts, router and lm_head in full)."""
+    total = 0.0
+    for name, nbytes in sizes.items():
+        if "embed_tokens" in name or name.startswith("mtp.") or "visual" in name:
+            continue
+        routed = ".mlp.experts." in name
+        total += nbytes * (top_k / num_experts if routed and num_experts else 1.0)
+    return int(total)
+
+
+def random_prompts(rng: random.Random, count: int, length: int, vocab: int) -> list[list[int]]:
+    hi = min(vocab, 150_000)  # below the special tokens of the real vocabulary
+    return [[rng.randrange(hi) for _ in range(length)] for _ in range(count)]
+
+
+# ----------------------------------------------------------------------------- checkpoints
+def resolve_preset(name: str) -> str:
+    key = ALIASES.get(name.lower(), name.lower())
+    if key not in BENCH_PRESETS:
+        raise ConfigError(f"unknown --model-preset {name!r}; use one of {sorted(BENCH_PRESETS)}")
+    return key
+
+
+def checkpoint(workdir: Path, preset: str, quant: str | None, device: str, spec=None, tag: str = "") -> Path:
+    """The random checkpoint of ``preset`` under ``workdir``, written unless a complete copy is there."""
+    import shutil
+
+    from .random_checkpoint import write_random_checkpoint
+    cfg, group = BENCH_PRESETS[preset] if spec is None else (spec, 128)
+    dst = Path(workdir) / f"{preset}{tag}-{quant or 'fp16'}-g{group}-{torch.device(device).type}"
+    if (dst / "config.json").exists():
+        return dst
+    if dst.exists():  # an interrupted write (config.json comes last)
+        shutil.rmtree(dst)
+    print(f"writing {dst} ...", flush=True)
+    return write_random_checkpoint(dst, cfg, quant=quant, group_size=group, device=device, progress=False)
+
+
+# ----------------------------------------------------------------------------- engine sections
+class EngineBench:
+    def __init__(self, path: Path, args, sizes: Sizes, kv_cache_dtype: str = "auto"):
+        from .engine import Engine
+        from .sampling import SamplingParams
+        self.sp = SamplingParams
+        self.sizes, self.rng = sizes, random.Random(0)
+        max_seqs = max(sizes.concurrency + (1,))
+        self.engine = Engine(model=str(path), device=args.device, dtype=args.dtype, kv_cache_dtype=kv_cache_dtype,
+                             max_model_len=sizes.max_model_len, max_num_seqs=max_seqs,
+                             max_num_batched_tokens=max(args.max_num_batched_tokens, max_seqs),
+                             enable_prefix_caching=False, enforce_eager=args.enforce_eager,
+                             gpu_memory_utilization=args.gpu_memory_utilization)
+        self.vocab = self.engine.vocab_size
+
+    def latencies(self, count: int, prompt_len: int, out: int, reps: int) -> list[float]:
+        params = self.sp(temperature=0, max_tokens=out, ignore_eos=True)
+        times = []
+        for i in range(reps + 1):  # the first run is the warm-up (compilation, graph capture)
+            prompts = random_prompts(self.rng, count, prompt_len, self.vocab)
+            _sync(self.engine.device)
+            t0 = time.perf_counter()
+            outs = self.engine.generate(prompts, params)
+            _sync(self.engine.device)
+            if i:
+                times.append(time.perf_counter() - t0)
+            assert all(len(o.token_ids) == out for o in outs), "ignore_eos requests ended early"
+        return times
+
+    def decode_tps(self, ctx: int) -> float:
+        n, reps = self.sizes.decode_tokens, self.sizes.reps
+        return incremental_tps(self.latencies(1, ctx, n, reps), self.latencies(1, ctx, 1, reps), n)
+
+    def prefill_tps(self, length: int) -> float:
+        return length / statistics.median(self.latencies(1, length, 1, self.sizes.reps))
+
+    def concurrent_tps(self, count: int) -> float:
+        s = self.sizes
+        return count * s.conc_out / statistics.median(self.latencies(count, s.conc_in, s.conc_out, max(1, s.reps // 2)))
+
+    def step_bytes(self, path: Path, ctx: int, kv_cache_dtype: str = "auto") -> dict[str, int]:
+        mc, model, bs = self.engine.model_config, self.engine.model, self.engine.config.block_size
+        weights = decode_weight_bytes(safetensors_sizes(path), mc.num_experts, mc.num_experts_per_tok)
+        kv = model.kv_cache_bytes_per_block(bs, kv_cache_dtype) * ctx // bs
+        state = 2 * model.state_bytes_per_slot()
+        return {"weights": weights, "kv": kv, "gdn_state": state, "total": weights + kv + state}
+
+    def close(self) -> None:
+        self.engine.close()
+        self.engine = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def run_engine_sections(preset: str, path: Path, args, sizes: Sizes, sections: set[str], bandwidth) -> dict:
+    res: dict = {}
+    peer = PEERS.get(preset, {})
+    b = EngineBench(path, args, sizes)
+    try:
+        if "decode" in sections or "roofline" in sections or "kv_fp8" in sections:
+            ctxs = {"short": sizes.short_ctx, "long": sizes.long_ctx}
+            if "kv_fp8" in sections:
+                ctxs["fp8_ctx"] = sizes.fp8_ctx
+            res["decode_b1"] = {k: {"ctx": c, "tps": b.decode_tps(c)} for k, c in ctxs.items()}
+            print_table(f"{preset}: incremental decode, batch 1 (tok/s)", ["context", "catengine", "vLLM 0.25"],
+                        [[c["ctx"], c["tps"], peer.get(f"decode_b1_{k}")] for k, c in res["decode_b1"].items()
+                         if k != "fp8_ctx"])
+        if "prefill" in sections:
+            res["prefill"] = {str(n): b.prefill_tps(n) for n in sizes.prefill_lens}
+            print_table(f"{preset}: prefill (prompt tok/s)", ["prompt", "catengine", "vLLM 0.25"],
+                        [[n, v, peer.get(f"prefill_{n}")] for n, v in res["prefill"].items()])
+        if "concurrent" in sections:
+            res["concurrent"] = {str(n): b.concurrent_tps(n) for n in sizes.concurrency}
+            print_table(f"{preset}: concurrent decode, {sizes.conc_in} in / {sizes.conc_out} out (output tok/s)",
+                        ["requests", "catengine", "vLLM 0.25"],
+                        [[n, v, peer.get(f"concurrent_{n}")] for n, v in res["concurrent"].items()])
+        if "roofline" in sections:
+            bw = bandwidth()
+            rows, res["roofline"] = [], {"copy_bandwidth_gbs": bw}
+            for k in ("short", "long"):
+                d = res["decode_b1"][k]
+                step = b.step_bytes(path, d["ctx"])
+                roof = bw * 1e9 / step["total"]
+                res["roofline"][k] = {"ctx": d["ctx"], "bytes": step, "roofline_tps": roof,
+                                      "fraction": d["tps"] / roof}
+                rows.append([d["ctx"], step["weights"] / 1e9, step["kv"] / 1e9, step["gdn_state"] / 1e9, roof,
+                             d["tps"], d["tps"] / roof])
+            print_table(f"{preset}: decode roofline at {bw:.0f} GB/s copy bandwidth",
+                        ["context", "weights GB", "KV GB", "GDN GB", "roofline tok/s", "b1 tok/s", "fraction"], rows)
+    finally:
+        b.close()
+    if "kv_fp8" in sections:
+        b = EngineBench(path, args, sizes, kv_cache_dtype="fp8_e5m2")
+        try:
+            fp8 = b.decode_tps(sizes.fp8_ctx)
+        finally:
+            b.close()
+        fp16 = res["decode_b1"].pop("fp8_ctx")["tps"]
+        res["kv_fp8"] = {"ctx": sizes.fp8_ctx, "fp16_tps": fp16, "fp8_e5m2_tps": fp8, "ratio": fp8 / fp16}
+        print_table(f"{preset}: KV cache dtype at {sizes.fp8_ctx} context (incremental decode tok/s, batch 1)",
+                    ["fp16 KV", "fp8_e5m2 KV", "fp8 / fp16"], [[fp16, fp8, fp8 / fp16]])
+    return res
+
+
+# ----------------------------------------------------------------------------- CLI
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model-preset", action="append", dest="presets", metavar="NAME",
+                   help=f"repeatable; one of {sorted(BENCH_PRESETS)} (default: qwen3.5-27b and qwen3.6-35b-a3b; "
+                        "with --quick: tiny-dense and tiny-moe)")
+    p.add_argument("--sections", default="engine",
+                   help=f"comma list of {', '.join(SECTIONS)}; 'engine' = {', '.join(ENGINE_SECTIONS)}; 'all'")
+    p.add_argument("--transformers", action="store_true", help="add the transformers fp16 baseline section")
+    p.add_argument("--correctness", action="store_true", help="add the fp16-vs-float32 correctness section")
+    p.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default cuda)")
+    p.add_argument("--dtype", default="auto", help="engine dtype: auto (fp16 on CUDA, float32 on CPU), float16, ...")
+    p.add_argument("--workdir", default="/tmp/catengine-bench", help="where the random checkpoints are written")
+    p.add_argument("--out", default=None, help="JSON file of every number (default: WORKDIR/bench.json)")
+    p.add_argument("--quick", action="store_true", help="tiny lengths (and tiny models by default): a smoke run")
+    p.add_argument("--reps", type=int, default=None, help="repetitions per latency (median) after one warm-up; default 5, quick 1")
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (passed to the engine)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192, help="engine step token budget")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+
+
+def parse_sections(text: str, transformers: bool = False, correctness: bool = False) -> list[str]:
+    chosen: list[str] = []
+    for item in (s.strip() for s in text.split(",") if s.strip()):
+        names = SECTIONS if item == "all" else ENGINE_SECTIONS if item == "engine" else (item,)
+        for n in names:
+            if n not in SECTIONS:
+                raise ConfigError(f"unknown section {n!r} in --sections; use a comma list of {', '.join(SECTIONS)}, "
+                                  "'engine' or 'all'")
+            if n not in chosen:
+                chosen.append(n)
+    chosen += [n for n, on in (("transformers", transformers), ("correctness", correctness)) if on and n not in chosen]
+    if "roofline" in chosen and "decode" not in chosen:
+        chosen.insert(chosen.index("roofline"), "decode")  # the roofline fraction is of the measured decode
+    if not chosen:
+        raise ConfigError("--sections selected nothing; e.g. --sections decode,prefill or --sections all")
+    return chosen
+
+
+def run(args) -> int:
+    try:
+        return _run(args)
+    except ConfigError as e:
+        print(f"catengine bench: error: {e}")
+        return 2
+
+
+def _run(args) -> int:
+    from .config import resolve_device
+    sections = parse_sections(args.sections, args.transformers, args.correctness)
+    device = resolve_device(args.device)
+    args.device = str(device)
+    sizes = QUICK if args.quick else Sizes()
+    if args.reps is not None:
+        if args.reps < 1:
+            raise ConfigError(f"--reps must be >= 1, got {args.reps}")
+        sizes = Sizes(**{**asdict(sizes), "reps": args.reps})
+    presets = [resolve_preset(p) for p in (args.presets or (["tiny-dense", "tiny-moe"] if args.quick else
+                                                            ["qwen3.5-27b", "qwen3.6-35b-a3b"]))]
+    workdir = Path(args.workdir).expanduser()
+    out = Path(args.out) if args.out else workdir / "bench.json"
+    bw_cache: list[float] = []
+
+    def bandwidth() -> float:
+        if not bw_cache:
+            bw_cache.append(measure_copy_bandwidth(device, sizes.bandwidth_bytes))
+        return bw_cache[0]
+
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    report = {"device": name, "torch": torch.__version__, "sections": sections, "quick": args.quick,
+              "enforce_eager": args.enforce_eager, "sizes": asdict(sizes), "peers_vllm_0_25": PEERS, "models": {}}
+    for preset in presets:
+        res = report["models"][preset] = {}
+        engine_sections = set(sections) & set(ENGINE_SECTIONS)
+        if engine_sections:
+            path = checkpoint(workdir, preset, "awq", args.device)
+            res["checkpoint"] = str(path)
+            res.update(run_engine_sections(preset, path, args, sizes, engine_sections, bandwidth))
+        if "transformers" in sections:
+            from .bench_correctness import transformers_baseline
+            res["transformers"] = transformers_baseline(preset, workdir, args, sizes, res.get("decode_b1"))
+        _write(out, report)
+    if "correctness" in sections:
+        from .bench_correctness import correctness_report
+        report["correctness"] = correctness_report(workdir, args, sizes)
+    _write(out, report)
+    print(f"wrote {out}")
+    return 0
+
+
+def _write(out: Path, report: dict) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(_finite(report), indent=2, default=str) + "\n")
+
+
+def _finite(obj):
+    """NaN / inf (an incremental TPS lost in noise) become null: the JSON stays strict."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
