@@ -390,19 +390,20 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams], seeds: Sequen
     if not (len(params) == len(seeds) == len(steps) == B):
         raise ValueError(f"sample: {B} logit rows but {len(params)} params, {len(seeds)} seeds, "
                          f"{len(steps)} steps")
-    device = logits.device
-    # greedy rows switch the filters off so that the kernel takes a plain argmax
-    columns = zip(*[(0.0, 0, 1.0, 0.0) if p.is_greedy else (p.temperature, p.top_k, p.top_p, p.min_p)
-                    for p in params], strict=True) if B else [[]] * 4
-    temperature, top_k, top_p, min_p = (torch.tensor(list(c), dtype=dt, device=device) for c, dt in
-                                        zip(columns, (torch.float32, torch.int32, torch.float32, torch.float32)))
-    seed_t = torch.tensor([_wrap_int64(int(s)) for s in seeds], dtype=torch.int64, device=device)
-    step_t = torch.tensor([int(s) for s in steps], dtype=torch.int64, device=device)
     clean = _finite_or_neg_inf(logits.float())
     if all(p.is_greedy for p in params):
-        # what the sampler does for greedy rows, without its full-vocabulary sort
+        # what the sampler does for greedy rows, without building its per-row parameter tensors
+        # (host-to-device copies) or its full-vocabulary pass
         token_ids = clean.argmax(-1)
     else:
+        device = logits.device
+        # greedy rows switch the filters off so that the kernel takes a plain argmax
+        columns = zip(*[(0.0, 0, 1.0, 0.0) if p.is_greedy else (p.temperature, p.top_k, p.top_p, p.min_p)
+                        for p in params], strict=True)
+        temperature, top_k, top_p, min_p = (torch.tensor(list(c), dtype=dt, device=device) for c, dt in
+                                            zip(columns, (torch.float32, torch.int32, torch.float32, torch.float32)))
+        seed_t = torch.tensor([_wrap_int64(int(s)) for s in seeds], dtype=torch.int64, device=device)
+        step_t = torch.tensor([int(s) for s in steps], dtype=torch.int64, device=device)
         token_ids = ops.sample_tokens(clean, temperature, top_k, top_p, min_p, seed_t, step_t).to(torch.int64)
     source = logits if raw_logits is None else raw_logits
     return token_ids, compute_logprobs(source, token_ids, params)
