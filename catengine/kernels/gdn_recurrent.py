@@ -153,11 +153,9 @@ def aot_configs(cc: int) -> list[AotConfig]:
         out += [
             _aot(gdn_gating_kernel, {"A_log": f32, "a": p, "dt_bias": f32, "b": p, "g": f32, "beta": f32},
                  {"BT": 32, "BH": 64}, 4, 1, f"gating_{dt}"),
-            _aot(gdn_recurrent_kernel, {"q": p, "k": p, "v": p, "g": f32, "beta": f32, "o": p, "ssm": f32,
-                                        "qsl": i32, "state_slots": i32, "has_init": "*i1", "inter": i32},
-                 dict(dims, BV=c.rec_bv, HAS_INTER=False), c.rec_warps, 1, f"recurrent_{dt}"),
-            _aot(gdn_recurrent_kernel, {"q": p, "k": p, "v": p, "g": f32, "beta": f32, "o": p, "ssm": f32,
-                                        "qsl": i32, "state_slots": i32, "has_init": "*i1", "inter": i32},
-                 dict(dims, BV=c.rec_bv, HAS_INTER=True), c.rec_warps, 1, f"recurrent_inter_{dt}"),
         ]
+        ptrs = {"q": p, "k": p, "v": p, "g": f32, "beta": f32, "o": p, "ssm": f32, "qsl": i32,
+                "state_slots": i32, "has_init": "*i1", "inter": i32}
+        out += [_aot(gdn_recurrent_kernel, ptrs, dict(dims, BV=c.rec_bv, HAS_INTER=inter), c.rec_warps, 1,
+                     f"recurrent{'_inter' if inter else ''}_{dt}") for inter in (False, True)]
     return out
