@@ -83,6 +83,11 @@ class Engine:
         self.config = dataclasses.replace(cfg, max_model_len=plan.max_model_len)
         self.runner.caches = self.model.allocate_caches(plan.num_blocks, cfg.block_size, plan.num_state_slots,
                                                         cfg.kv_cache_dtype, device)
+        if device.type == "cuda":
+            seconds = self.runner.warm_up(self._throwaway_caches)
+            log.info("warm-up (kernel compilation on a cold cache) took %.1f s", seconds)
+            if not cfg.enforce_eager:
+                self.enable_decode_graphs()
         self.scheduler = Scheduler(SchedulerConfig(
             num_blocks=plan.num_blocks, block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
             max_num_batched_tokens=cfg.max_num_batched_tokens, max_model_len=plan.max_model_len,
@@ -94,7 +99,30 @@ class Engine:
         self._touched: dict[str, RequestState] = {}  # requests changed since the last step's outputs
         self._counters = Counter()
         self._finish_reasons = Counter()
-        log.info("catengine: %s on %s (%s); %s", path, device, cfg.dtype, plan.describe())
+        log.info("catengine: %s on %s (%s, KV %s); %s", path, device, cfg.dtype, cfg.kv_cache_dtype, plan.describe())
+        log.info("KV capacity: %d tokens = %d sequences of max_model_len %d at once (max_num_seqs %d); decode CUDA "
+                 "graphs: %s", plan.kv_capacity_tokens, plan.kv_capacity_tokens // plan.max_model_len,
+                 plan.max_model_len, cfg.max_num_seqs,
+                 f"batch sizes up to {self.runner.graphs.max_batch}" if self.runner.graphs else "off (eager)")
+
+    def _throwaway_caches(self, num_blocks: int, num_slots: int):
+        return self.model.allocate_caches(num_blocks, self.config.block_size, num_slots, self.config.kv_cache_dtype,
+                                          self.device)
+
+    def enable_decode_graphs(self, capture: bool = True) -> None:
+        """Replay decode-only steps of up to min(max_num_seqs, 256) sequences from CUDA graphs
+        (``capture=False``: run the same padded static buffers eagerly, so the CPU tests check the
+        padding)."""
+        from .cuda_graphs import DecodeGraphs, graph_batch_sizes
+        graphs = DecodeGraphs(self.model, self.runner.caches, batch_sizes=graph_batch_sizes(self.config.max_num_seqs),
+                              block_size=self.config.block_size, max_model_len=self.memory_plan.max_model_len,
+                              pad_state_slot=self.memory_plan.pad_state_slot, device=self.device, capture=capture)
+        try:
+            graphs.capture_all()
+        except Exception:   # serving eagerly beats not serving; the log says why it is slower
+            log.exception("decode CUDA graph capture failed; running eagerly (as with enforce_eager)")
+            return
+        self.runner.graphs = graphs
 
     def _plan_memory(self, cfg: EngineConfig) -> MemoryPlan:
         kv_per_block = self.model.kv_cache_bytes_per_block(cfg.block_size, cfg.kv_cache_dtype)

@@ -40,6 +40,12 @@ class MemoryPlan:
 
     @property
     def num_state_slots(self) -> int:
+        """Slots to allocate: live, snapshots, then the padding slot of the decode CUDA graphs."""
+        return self.num_live_slots + self.num_snapshot_slots + 1
+
+    @property
+    def pad_state_slot(self) -> int:
+        """The slot padding rows of a replayed decode graph write to; no sequence owns it."""
         return self.num_live_slots + self.num_snapshot_slots
 
     @property
@@ -54,7 +60,7 @@ class MemoryPlan:
     def describe(self) -> str:
         return (f"KV cache: {self.num_blocks} blocks x {self.block_size} = {self.kv_capacity_tokens} tokens "
                 f"({self.max_concurrency:.2f}x max_model_len {self.max_model_len}); state slots: "
-                f"{self.num_live_slots} live + {self.num_snapshot_slots} snapshots; "
+                f"{self.num_live_slots} live + {self.num_snapshot_slots} snapshots + 1 padding; "
                 f"{_gib(self.used_bytes)} of a {_gib(self.budget_bytes)} budget")
 
 
@@ -81,7 +87,7 @@ def plan_memory(cfg: EngineConfig, *, kv_bytes_per_block: int, state_bytes_per_s
     budget = cfg.kv_cache_memory_bytes if explicit_budget else (
         budget_bytes if budget_bytes is not None else CPU_KV_CACHE_BYTES)
     want_len = cfg.max_model_len or max_position_embeddings
-    live_bytes = seqs * state_bytes_per_slot
+    live_bytes = (seqs + 1) * state_bytes_per_slot   # + the padding slot (see MemoryPlan.pad_state_slot)
 
     if cfg.enable_prefix_caching and hybrid and state_bytes_per_slot:
         if cfg.num_state_snapshots is not None:
@@ -116,7 +122,7 @@ def plan_memory(cfg: EngineConfig, *, kv_bytes_per_block: int, state_bytes_per_s
     if cfg.kv_cache_auto_trim_ratio > 0 and not explicit_budget and cfg.num_kv_blocks is None:
         cap = max(need, math.ceil(cfg.kv_cache_auto_trim_ratio * want_len * seqs / bs))
         num_blocks = min(num_blocks, cap)
-    used = num_blocks * kv_bytes_per_block + (seqs + snapshots) * state_bytes_per_slot
+    used = num_blocks * kv_bytes_per_block + live_bytes + snapshots * state_bytes_per_slot
     return MemoryPlan(num_blocks=num_blocks, block_size=bs, num_live_slots=seqs, num_snapshot_slots=snapshots,
                       max_model_len=want_len, kv_bytes_per_block=kv_bytes_per_block,
                       state_bytes_per_slot=state_bytes_per_slot, budget_bytes=budget, used_bytes=used)

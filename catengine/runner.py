@@ -2,10 +2,10 @@
 
 Per step (:meth:`ModelRunner.execute`):
 1. the block and state copies the scheduler asked for (fork copies, prefix-hit state restores);
-2. :meth:`prepare` builds ``input_ids``, ``positions`` and :class:`BatchMetadata` on the host with a
-   few vectorised torch ops and moves them to the device in one go;
-3. :meth:`forward` runs the model (the seam for CUDA graphs: a decode-only batch can be replayed
-   from a graph captured per padded batch size, issue 8);
+2. :meth:`host_batch` builds ``input_ids``, ``positions`` and the batch metadata on the host with a
+   few vectorised torch ops;
+3. a decode-only batch that a captured graph covers is replayed from it (:mod:`catengine.cuda_graphs`),
+   every other batch goes through :meth:`forward` (the eager model call);
 4. the hidden state of each sequence's last new token, for sequences whose step ends their pending
    tokens, goes through ``compute_logits``, :func:`apply_penalties` and :func:`sample` (one row per
    completion: a leader finishing its prompt samples its forks' first tokens from the same logits);
@@ -22,6 +22,14 @@ import torch
 from .models.batch import AttentionCache, BatchMetadata, ModelCaches
 from .sampling import TokenLogprobs, apply_penalties, sample
 from .scheduler import SchedulerOutput
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """The host-side facts of a step that pick kernels and launch shapes."""
+    max_query_len: int
+    max_seq_len: int
+    decode_only: bool     # every sequence brings one token and continues its GDN state
 
 
 @dataclass
@@ -70,6 +78,7 @@ class ModelRunner:
         self.block_size = block_size
         self.device = torch.device(device)
         self.eos_token_ids = tuple(eos_token_ids)
+        self.graphs = None   # a DecodeGraphs once captured (engine start on CUDA without enforce_eager)
 
     # ------------------------------------------------------------------ one step
     @torch.inference_mode()
@@ -80,15 +89,20 @@ class ModelRunner:
         for src, dst in out.state_copies:   # in order: a restore may target a slot a fork copy reads first
             self.caches.copy_state_slot(src, dst)
         t0 = time.perf_counter()
-        input_ids, positions, batch = self.prepare(out)
-        hidden = self.forward(input_ids, positions, batch)
-        token_ids, logprobs = self._sample(out, hidden, batch)
+        host, shape = self.host_batch(out)
+        graphs = self.graphs
+        if graphs is not None and graphs.can_run(len(out.scheduled), shape.decode_only, shape.max_query_len,
+                                                 shape.max_seq_len, host["block_tables"].shape[1]):
+            hidden = graphs.run(host)
+        else:
+            hidden = self.forward(*self.device_batch(host, shape))
+        token_ids, logprobs = self._sample(out, hidden)
         for src, dst in out.state_saves:
             self.caches.copy_state_slot(src, dst)
         return RunnerOutput(token_ids, logprobs, time.perf_counter() - t0)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: BatchMetadata) -> torch.Tensor:
-        """The model call. CUDA-graph replay for decode-only batches slots in here (issue 8)."""
+        """The eager model call (prefill, mixed and large batches; every step with ``enforce_eager``)."""
         return self.model(input_ids, positions, batch, self.caches)
 
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
@@ -104,6 +118,11 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ batch building
     def prepare(self, out: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, BatchMetadata]:
+        """``input_ids``, ``positions`` and the :class:`BatchMetadata` of a step, on the device."""
+        return self.device_batch(*self.host_batch(out))
+
+    def host_batch(self, out: SchedulerOutput) -> tuple[dict[str, torch.Tensor], BatchShape]:
+        """The step's flat inputs as host tensors, built with a few vectorised torch ops."""
         items = out.scheduled
         bs = self.block_size
         starts = [it.start for it in items]
@@ -133,20 +152,24 @@ class ModelRunner:
             "state_slots": torch.tensor([it.seq.state_slot for it in items], dtype=torch.int32),
             "has_initial_state": torch.tensor([s > 0 for s in starts], dtype=torch.bool),
         }
+        shape = BatchShape(max_query_len=max(lens), max_seq_len=max(ends),
+                           decode_only=all(n == 1 and s > 0 for n, s in zip(lens, starts)))
+        return host, shape
+
+    def device_batch(self, host: dict[str, torch.Tensor], shape: BatchShape):
         dev = {k: self._to_device(v) for k, v in host.items()}
         batch = BatchMetadata(
             query_start_loc=dev["query_start_loc"], seq_lens=dev["seq_lens"], block_tables=dev["block_tables"],
             slot_mapping=dev["slot_mapping"], state_slots=dev["state_slots"],
-            has_initial_state=dev["has_initial_state"], max_query_len=max(lens), max_seq_len=max(ends),
-            decode_only=all(n == 1 and s > 0 for n, s in zip(lens, starts)))
+            has_initial_state=dev["has_initial_state"], max_query_len=shape.max_query_len,
+            max_seq_len=shape.max_seq_len, decode_only=shape.decode_only)
         return dev["input_ids"], dev["positions"], batch
 
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
-        # persistent pinned staging buffers (and a device-resident block table) are issue 8's job
-        return t if self.device.type == "cpu" else t.to(self.device)
+        return t if self.device.type == "cpu" else t.to(self.device, non_blocking=True)
 
     # ------------------------------------------------------------------ sampling
-    def _sample(self, out: SchedulerOutput, hidden: torch.Tensor, batch: BatchMetadata):
+    def _sample(self, out: SchedulerOutput, hidden: torch.Tensor):
         rows, last_index, params, seeds, steps = [], [], [], [], []
         offset = 0
         for it in out.scheduled:
@@ -176,6 +199,49 @@ class ModelRunner:
         token_ids, logprobs = sample(processed, params, seeds, steps, raw_logits=logits)
         return token_ids.tolist(), logprobs
 
+    # ------------------------------------------------------------------ start-up runs on throw-away caches
+    def _fake_step(self, query_lens: list[int], seq_lens: list[int], params: list) -> None:
+        """One forward + logits + sampling of made-up sequences (consecutive blocks from 0, slot b for
+        sequence b) on whatever ``self.caches`` holds; the sampling rows cycle over the sequences' last
+        tokens."""
+        bs = self.block_size
+        tables, next_block = [], 0
+        for n in seq_lens:
+            k = -(-n // bs)
+            tables.append(list(range(next_block, next_block + k)))
+            next_block += k
+        batch = BatchMetadata.build(query_lens, seq_lens, tables, bs, list(range(len(seq_lens))), device=self.device)
+        positions = BatchMetadata.positions(query_lens, seq_lens, device=self.device)
+        input_ids = torch.zeros(sum(query_lens), dtype=torch.int64, device=self.device)
+        hidden = self.forward(input_ids, positions, batch)
+        last = (batch.query_start_loc[1:] - 1).to(torch.int64)
+        rows = last.repeat(-(-len(params) // len(seq_lens)))[:len(params)]
+        logits = self.model.compute_logits(hidden.index_select(0, rows))
+        sample(logits, params, [0] * len(params), [0] * len(params))
+
+    @torch.inference_mode()
+    def warm_up(self, make_caches) -> float:
+        """Run the step shapes the first requests would otherwise wait on while Triton compiles (prompt
+        lengths aligned and not to 16, a chunk continuing a cached prefix beside a decode, an eager
+        decode; greedy and sampled rows) on throw-away caches from ``make_caches(num_blocks,
+        num_slots)``. Returns the seconds it took (mostly compilation on a cold kernel cache)."""
+        from .sampling import SamplingParams
+        t0 = time.perf_counter()
+        greedy = SamplingParams(temperature=0.0)
+        sampled = SamplingParams(temperature=0.8, top_p=0.9, top_k=20, min_p=0.01, logprobs=2)
+        shapes = [([7], [7]), ([32], [32]), ([5, 1], [21, 9]), ([1, 1], [9, 40])]
+        need = sum(-(-n // self.block_size) for _, lens in shapes for n in lens)
+        saved = self.caches
+        self.caches = make_caches(need, 2)
+        try:
+            for q, s in shapes:
+                self._fake_step(q, s, [greedy, sampled])
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+        finally:
+            self.caches = saved
+        return time.perf_counter() - t0
+
     # ------------------------------------------------------------------ memory profiling
     @torch.inference_mode()
     def profile_step(self, num_tokens: int, num_seqs: int, make_caches) -> int:
@@ -187,27 +253,14 @@ class ModelRunner:
         from .sampling import SamplingParams
 
         num_fwd = max(1, min(num_seqs, num_tokens, 16))
-        bs = self.block_size
         lens = [num_tokens // num_fwd + (1 if i < num_tokens % num_fwd else 0) for i in range(num_fwd)]
-        tables, next_block = [], 0
-        for n in lens:
-            k = -(-n // bs)
-            tables.append(list(range(next_block, next_block + k)))
-            next_block += k
         saved = self.caches
-        self.caches = make_caches(next_block, num_fwd)
+        self.caches = make_caches(sum(-(-n // self.block_size) for n in lens), num_fwd)
         cache_bytes = sum(t.numel() * t.element_size() for layer in self.caches.layers
                           for t in vars(layer).values() if isinstance(t, torch.Tensor))
         try:
-            batch = BatchMetadata.build(lens, lens, tables, bs, list(range(num_fwd)), device=self.device)
-            positions = BatchMetadata.positions(lens, lens, device=self.device)
-            input_ids = torch.zeros(num_tokens, dtype=torch.int64, device=self.device)
-            hidden = self.forward(input_ids, positions, batch)
-            last = (batch.query_start_loc[1:] - 1).to(torch.int64)
-            rows = last.repeat(-(-num_seqs // num_fwd))[:num_seqs]
-            logits = self.model.compute_logits(hidden.index_select(0, rows))
             params = [SamplingParams(temperature=1.0, top_p=0.9, top_k=50, logprobs=5)] * num_seqs
-            sample(logits, params, [0] * num_seqs, [0] * num_seqs)
+            self._fake_step(lens, lens, params)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
         finally:

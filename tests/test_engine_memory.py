@@ -29,10 +29,11 @@ def test_budget_split_and_auto_trim():
     assert p.num_live_slots == 4 and p.num_snapshot_slots == 64         # the cap max(8 x 4, 64) (10% allows 200)
     assert p.num_blocks == math.ceil(1.05 * 1024 * 4 / 16)               # trimmed
     untrimmed = plan(cfg(max_model_len=1024, kv_cache_auto_trim_ratio=0), budget=10_000_000)
-    assert untrimmed.num_blocks == (10_000_000 - 68 * STATE) // KV
+    assert untrimmed.num_blocks == (10_000_000 - 69 * STATE) // KV   # 4 live + 64 snapshots + 1 padding
+    assert untrimmed.num_state_slots == 69 and untrimmed.pad_state_slot == 68
     assert untrimmed.used_bytes <= 10_000_000
     exact = plan(cfg(max_model_len=1024, kv_cache_memory_bytes=2_000_000))
-    assert exact.num_blocks == (2_000_000 - 44 * STATE) // KV  # 4 live + 40 snapshots (10%); not trimmed
+    assert exact.num_blocks == (2_000_000 - 45 * STATE) // KV  # 4 live + 40 snapshots (10%) + 1 padding; not trimmed
     assert plan(cfg(max_model_len=1024, num_kv_blocks=77)).num_blocks == 77
 
 

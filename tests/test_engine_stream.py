@@ -27,7 +27,7 @@ def aengine(engine):
 def force_tokens(engine: Engine, script: dict[str, list[int]]) -> None:
     """Make the runner emit ``script[request_id]`` instead of sampling: the detokenizer and stop
     logic then see exactly the token boundaries a test wants."""
-    def forced(out, hidden, batch):
+    def forced(out, hidden):
         ids = []
         for item in out.scheduled:
             if item.num_samples:

@@ -7,7 +7,8 @@ computed-token count lands on a full-block boundary at the end of a step; a late
 prompt starts with that prefix has its live slot initialised from the snapshot.
 
 Slots ``0 .. num_live-1`` are live slots, ``num_live .. num_live+num_snapshots-1`` snapshot slots,
-matching the state tensors the model allocates with ``num_live + num_snapshots`` slots.
+matching the state tensors the model allocates with ``num_live + num_snapshots + 1`` slots (the last
+one is the decode CUDA graphs' padding slot, see :class:`catengine.memory.MemoryPlan`).
 """
 from __future__ import annotations
 
