@@ -15,6 +15,7 @@ prefix caching off, the median of ``--reps`` runs after one warm-up of the same 
 - ``roofline``: bytes one batch-1 decode step must read (weights incl. lm_head, the routed share of the experts,
   KV at the context, GDN states read + written) / measured copy bandwidth, and decode as a fraction of it;
 - ``kv_fp8``: incremental decode TPS at 32K with fp16 vs fp8_e5m2 KV;
+- ``cuda_graphs``: short-context batch-1 incremental decode TPS with decode CUDA graphs vs ``enforce_eager``;
 - ``transformers`` / ``correctness`` (``--transformers`` / ``--correctness``): :mod:`catengine.bench_correctness`.
 The vLLM 0.25 figures of issue 8 (same kind of checkpoints, same H200) are printed beside ours.
 """
@@ -54,7 +55,7 @@ BENCH_PRESETS: dict[str, tuple[str | dict, int]] = {
                       shared_expert_intermediate_size=64, **_TINY), 32),
 }
 ALIASES = {"qwen3.6-27b": "qwen3.5-27b", "qwen3.5-35b-a3b": "qwen3.6-35b-a3b"}
-ENGINE_SECTIONS = ("decode", "prefill", "concurrent", "roofline", "kv_fp8")
+ENGINE_SECTIONS = ("decode", "prefill", "concurrent", "roofline", "kv_fp8", "cuda_graphs")
 SECTIONS = ENGINE_SECTIONS + ("transformers", "correctness")
 
 
@@ -246,6 +247,7 @@ def run_engine_sections(preset: str, path: Path, args, sizes: Sizes, sections: s
     res: dict = {}
     peer = PEERS.get(preset, {})
     b = EngineBench(path, args, sizes)
+    graphs_used = b.engine.runner.graphs is not None   # CUDA without --enforce-eager
     try:
         if "decode" in sections or "roofline" in sections or "kv_fp8" in sections:
             ctxs = {"short": sizes.short_ctx, "long": sizes.long_ctx}
@@ -289,6 +291,17 @@ def run_engine_sections(preset: str, path: Path, args, sizes: Sizes, sections: s
         res["kv_fp8"] = {"ctx": sizes.fp8_ctx, "fp16_tps": fp16, "fp8_e5m2_tps": fp8, "ratio": fp8 / fp16}
         print_table(f"{preset}: KV cache dtype at {sizes.fp8_ctx} context (incremental decode tok/s, batch 1)",
                     ["fp16 KV", "fp8_e5m2 KV", "fp8 / fp16"], [[fp16, fp8, fp8 / fp16]])
+    if "cuda_graphs" in sections and not args.enforce_eager:
+        b = EngineBench(path, argparse.Namespace(**{**vars(args), "enforce_eager": True}), sizes)
+        try:
+            eager = b.decode_tps(sizes.short_ctx)
+        finally:
+            b.close()
+        graphs = res["decode_b1"]["short"]["tps"]
+        res["cuda_graphs"] = {"ctx": sizes.short_ctx, "graphs_used": graphs_used, "graphs_tps": graphs,
+                              "eager_tps": eager, "ratio": graphs / eager}
+        print_table(f"{preset}: decode CUDA graphs vs eager at {sizes.short_ctx} context (incremental tok/s, batch 1)",
+                    ["CUDA graphs", "eager", "graphs / eager"], [[graphs, eager, graphs / eager]])
     return res
 
 
@@ -323,8 +336,9 @@ def parse_sections(text: str, transformers: bool = False, correctness: bool = Fa
             if n not in chosen:
                 chosen.append(n)
     chosen += [n for n, on in (("transformers", transformers), ("correctness", correctness)) if on and n not in chosen]
-    if "roofline" in chosen and "decode" not in chosen:
-        chosen.insert(chosen.index("roofline"), "decode")  # the roofline fraction is of the measured decode
+    for needs_decode in ("roofline", "cuda_graphs"):   # both are read against the measured decode
+        if needs_decode in chosen and "decode" not in chosen:
+            chosen.insert(chosen.index(needs_decode), "decode")
     if not chosen:
         raise ConfigError("--sections selected nothing; e.g. --sections decode,prefill or --sections all")
     return chosen
@@ -339,7 +353,11 @@ def run(args) -> int:
 
 
 def _run(args) -> int:
+    import logging
+
     from .config import resolve_device
+    if not logging.getLogger().handlers:   # the engine's start-up lines (memory plan, warm-up, graphs)
+        logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     sections = parse_sections(args.sections, args.transformers, args.correctness)
     device = resolve_device(args.device)
     args.device = str(device)

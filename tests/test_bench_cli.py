@@ -35,7 +35,8 @@ def test_decode_weight_bytes_counts_routed_experts_at_top_k_share():
 
 
 def test_sections_and_argument_errors(tmp_path, capsys):
-    assert parse_sections("engine") == ["decode", "prefill", "concurrent", "roofline", "kv_fp8"]
+    assert parse_sections("engine") == ["decode", "prefill", "concurrent", "roofline", "kv_fp8", "cuda_graphs"]
+    assert parse_sections("cuda_graphs") == ["decode", "cuda_graphs"]
     assert parse_sections("all") == list(SECTIONS)
     assert parse_sections("roofline", correctness=True) == ["decode", "roofline", "correctness"]
     with pytest.raises(ConfigError, match="unknown section 'decod'"):
@@ -86,7 +87,9 @@ def test_cpu_quick_run_of_every_section(tmp_path):
     report = json.loads(out.read_text())
     assert report["sections"] == list(SECTIONS) and report["peers_vllm_0_25"]["qwen3.5-27b"]["prefill_8192"] == 12378
     r = report["models"]["tiny-dense"]
-    assert set(r) == {"checkpoint", "decode_b1", "prefill", "concurrent", "roofline", "kv_fp8", "transformers"}
+    assert set(r) == {"checkpoint", "decode_b1", "prefill", "concurrent", "roofline", "kv_fp8", "cuda_graphs",
+                      "transformers"}
+    assert r["cuda_graphs"]["graphs_used"] is False and r["cuda_graphs"]["eager_tps"] > 0  # graphs are CUDA-only
     assert set(r["decode_b1"]) == {"short", "long"} and r["decode_b1"]["long"]["ctx"] == 40
     assert list(r["prefill"]) == ["32"] and r["prefill"]["32"] > 0
     assert list(r["concurrent"]) == ["2"] and r["concurrent"]["2"] > 0
