@@ -16,6 +16,8 @@ from . import reference
 
 TRITON_MODULES = (
     "catengine.kernels.w4a16",            # issue: Triton kernels I
+    # registers w4a16_linear again, after w4a16: large M -> dequantise + cuBLAS, smaller M -> w4a16's kernels
+    "catengine.kernels.w4a16_dequant",
     "catengine.kernels.fused_moe",        # issue: Triton kernels I
     "catengine.kernels.moe_route",        # issue: Triton kernels I (routing, split from fused_moe)
     "catengine.kernels.attention",        # issue: Triton kernels II

@@ -305,6 +305,12 @@ def w4a16_linear(x, weight: QuantizedWeight, bias=None):
     return y.to(x.dtype)
 
 
+def w4a16_dequantize(weight: QuantizedWeight, dtype=None):
+    """The dense [K, N] weight (x @ w layout) in ``dtype`` (default the scales' dtype): (q - z) * s in
+    fp32, rounded once. Twin of the dequantise kernel behind large-M ``w4a16_linear`` on CUDA."""
+    return dequantize(weight, dtype)
+
+
 def moe_route(router_logits, top_k: int, renormalize: bool = True):
     """Softmax over all experts in fp32, top-k, optional renormalisation of the chosen weights.
     router_logits: [T, E] -> (topk_weights fp32 [T, k], topk_ids int32 [T, k])."""
