@@ -49,7 +49,7 @@ def main() -> None:
             t_dq = bench_ms(lambda: torch.matmul(x, w4a16_dequant.dequantize(w)))
             rows.append([name, m, t_fused * 1e3, t_dq * 1e3, t_cublas * 1e3, flop / t_dq / 1e9,
                          t_cublas / t_fused, t_cublas / t_dq, flop / t_dq / 1e9 / peak])
-        del dense
+        dense = x = None   # free before the next shape
         torch.cuda.empty_cache()
     print_table("W4A16 large M: fused Triton GEMM vs dequantise + cuBLAS (fp16, group 128)",
                 ["shape", "M", "fused us", "dequant+cuBLAS us", "cuBLAS fp16 us", "dequant+cuBLAS TFLOP/s",
