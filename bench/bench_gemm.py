@@ -240,39 +240,67 @@ def sweep(deadline: float, dtype=torch.float16):
     return tab, sweep_moe(deadline, dtype)
 
 
-# M = 1 candidates for the pipelined GEMV loop (num_stages > 1) beside the table's unpipelined entry
-GEMV_STAGED = [w4a16.GemvConfig(32, 512, 4, 1, 8), w4a16.GemvConfig(32, 512, 4, 2, 8),
-               w4a16.GemvConfig(32, 512, 4, 3, 8), w4a16.GemvConfig(32, 512, 4, 4, 8),
-               w4a16.GemvConfig(64, 512, 4, 3, 8), w4a16.GemvConfig(32, 256, 4, 4, 8),
-               w4a16.GemvConfig(64, 256, 4, 4, 8)]
+# Dense GEMV candidates (--gemv-m1): (label, GemvConfig). half2=False is the fp32 weight math that
+# bf16 runs, on the same tiles, for comparison.
+_GV = w4a16.GemvConfig
+GEMV_CANDIDATES = [
+    ("64x512 w4 wv16 noprefetch", _GV(64, 512, 4, 1, 16, prefetch=False)),
+    ("fp32 math 64x512 w4 s3 wv8", _GV(64, 512, 4, 3, 8, prefetch=False, half2=False)),
+    ("64x512 w4 s3 wv8", _GV(64, 512, 4, 3, 8, prefetch=False)),
+    ("64x512 w4 s3 wv4", _GV(64, 512, 4, 3, 4, prefetch=False)),
+    ("64x512 w4 s3 wv16", _GV(64, 512, 4, 3, 16, prefetch=False)),
+    ("64x512 w4 s4 wv4", _GV(64, 512, 4, 4, 4, prefetch=False)),
+    ("32x512 w4 s3 wv8", _GV(32, 512, 4, 3, 8, prefetch=False)),
+    ("128x512 w4 s3 wv4", _GV(128, 512, 4, 3, 4, prefetch=False)),
+    ("64x1024 w8 s3 wv4", _GV(64, 1024, 8, 3, 4, prefetch=False)),
+    ("64x256 w4 s4 wv8", _GV(64, 256, 4, 4, 8, prefetch=False)),
+]
 
 
-def sweep_gemv_dense(dtype=torch.float16):
-    """M = 1 on the four dense shapes under each GEMV_STAGED entry: time, BW/copy, cuBLAS ratio, error."""
+def sweep_gemv_dense(dtype=torch.float16, small_m=(2, 4)):
+    """Each GEMV_CANDIDATES entry at M = 1 on the four dense shapes (time, BW/copy, cuBLAS ratio, error),
+    then M in small_m: the table's GEMM against the GEMV with 1, 2 and 4 rows per program."""
     key, _ = w4a16.device_key("cuda")
     bw = copy_bandwidth_gbs()
-    rows = []
+    tab = w4a16.TABLES[key]
+    rows, totals = [], {}
     for name, k, n in DENSE:
         ws = [random_qweight(k, n, dtype, i) for i in range(copies_for(qbytes(k, n)))]
         wd = [dequantize(ws[0], dtype).t().contiguous() for _ in range(copies_for(2 * k * n))]
-        x = torch.randn(1, k, device="cuda", dtype=dtype)
-        ref = x.float() @ dequantize(ws[0], torch.float32)
-        tc = graph_ms([lambda w=w: F.linear(x, w) for w in wd], reps=5)
-        for c in GEMV_STAGED:
-            with patched(w4a16, key, dataclasses.replace(w4a16.TABLES[key], gemv=c)):
-                try:
-                    err = ((w4a16.w4a16_linear(x, ws[0]).float() - ref).norm() / ref.norm()).item()
-                    t = graph_ms([lambda w=w: w4a16.w4a16_linear(x, w) for w in ws], reps=5)
-                except Exception as e:
-                    rows.append([name, str(c), f"failed: {type(e).__name__}: {str(e)[:60]}"])
-                    torch.cuda.synchronize()
-                    continue
-            rows.append([name, str(c), t * 1e3, (qbytes(k, n) + 2 * (k + n)) / t / 1e6 / bw, tc * 1e3,
-                         tc / t, f"{err:.1e}"])
-        del ws, wd, ref
+        wf = dequantize(ws[0], torch.float32)
+        for m in (1,) + tuple(small_m):
+            x = torch.randn(m, k, device="cuda", dtype=dtype)
+            ref = x.float() @ wf
+            tc = graph_ms([lambda w=w: F.linear(x, w) for w in wd], reps=5)
+            if m == 1:
+                cands = GEMV_CANDIDATES
+            else:
+                best = min(totals, key=totals.get)
+                c1 = dict(GEMV_CANDIDATES)[best]
+                cands = [("GEMM (table)", None)] + [(f"{best} rows{r}", dataclasses.replace(c1, m_rows=r))
+                                                    for r in (1, 2, 4) if r <= m]
+            for label, c in cands:
+                t_ = tab if c is None else dataclasses.replace(tab, gemv=c, gemv_max_m=4)
+                with patched(w4a16, key, t_):
+                    try:
+                        err = ((w4a16.w4a16_linear(x, ws[0]).float() - ref).norm() / ref.norm()).item()
+                        t = graph_ms([lambda w=w: w4a16.w4a16_linear(x, w) for w in ws], reps=5)
+                    except Exception as e:
+                        rows.append([name, m, label, f"failed: {type(e).__name__}: {str(e)[:60]}"])
+                        torch.cuda.synchronize()
+                        continue
+                if m == 1:
+                    totals[label] = totals.get(label, 0.0) + t
+                rows.append([name, m, label, t * 1e3, (qbytes(k, n) + 2 * m * (k + n)) / t / 1e6 / bw, tc * 1e3,
+                             tc / t, f"{err:.1e}"])
+            print(f"{name} M={m} done", flush=True)
+        del ws, wd, wf
         torch.cuda.empty_cache()
-    print_table(f"M=1 GEMV configurations ({dtype})", ["shape", "config", "ours us", "ours BW/copy",
-                "cuBLAS us", "speedup", "rel err"], rows)
+    print_table(f"GEMV candidates ({dtype})", ["shape", "M", "config", "ours us", "ours BW/copy", "cuBLAS us",
+                "speedup", "rel err"], rows)
+    print_table("M=1 sum over the four shapes", ["config", "us"],
+                sorted([[lab, t * 1e3] for lab, t in totals.items()], key=lambda r: r[1]))
+    return dict(GEMV_CANDIDATES)[min(totals, key=totals.get)]
 
 
 def sweep_moe(deadline, dtype):
@@ -308,19 +336,30 @@ def main():
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--deadline", type=float, default=float("inf"), help="epoch seconds to stop sweeping")
     ap.add_argument("--bf16", action="store_true", help="also print the dense table in bf16")
-    ap.add_argument("--gemv-m1", action="store_true", help="only time GEMV_STAGED at M = 1, then stop")
+    ap.add_argument("--gemv-m1", action="store_true",
+                    help="only time GEMV_CANDIDATES at M = 1 (and the GEMV against the GEMM at M = 2, 4), then stop")
+    ap.add_argument("--dense-only", action="store_true", help="skip the MoE table")
+    ap.add_argument("--ms", default=",".join(map(str, MS)), help="comma-separated M values of the dense table")
+    ap.add_argument("--gemv-pick", action="store_true",
+                    help="time GEMV_CANDIDATES, then run the tables with the fastest at M = 1")
     args = ap.parse_args()
+    MS[:] = [int(v) for v in args.ms.split(",")]
     print(device_header(), flush=True)
     if args.gemv_m1:
         sweep_gemv_dense()
         return
     key, _ = w4a16.device_key("cuda")
+    if args.gemv_pick:
+        best = sweep_gemv_dense(small_m=())
+        w4a16.TABLES[key] = dataclasses.replace(w4a16.TABLES[key], gemv=best)
+        print(f"GEMV used below: {best!r}", flush=True)
     if args.sweep:
         dense_tab, moe_tab = sweep(args.deadline)
         w4a16.TABLES[key], moe.TABLES[key] = dense_tab, moe_tab
         print(f"tables used below:\nw4a16 {key}: {dense_tab!r}\nfused_moe {key}: {moe_tab!r}", flush=True)
     bench_dense(torch.float16)
-    bench_moe(torch.float16)
+    if not args.dense_only:
+        bench_moe(torch.float16)
     if args.bf16:
         bench_dense(torch.bfloat16)
 

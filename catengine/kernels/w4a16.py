@@ -3,15 +3,14 @@
 Two kernels, picked by M from a per-architecture table:
 
 - ``_w4a16_gemv_kernel`` (decode, M <= table's gemv_max_m; in :mod:`catengine.kernels.w4a16_gemv`,
-  with its ``fma_tile`` weight math): one activation row per program, FMA in
-  fp32, split-K so that even N = 5120 puts enough programs on the chip. Dequantisation needs no
-  int->float conversion (those run at a quarter of the FMA rate): OR-ing a nibble into the mantissa
-  of a float whose unit in the last place is 1 gives ``2^e + q`` exactly, one LOP3 and one FADD per
-  weight; the zero point comes off once per int32 as ``z * sum(x)``. Its loads do not feed tl.dot,
-  so Triton pipelines them only in a ``tl.range(num_stages=...)`` loop (table num_stages > 1);
-  on the H200, num_stages 2-4 measured 3-13% slower at M = 1 than 1 (bench_gemm.py --gemv-m1), so the
-  table keeps 1, where wide K tiles (several groups each, each int32 reading its own group's
-  scale) and a hand-written one-tile-ahead fetch keep bytes in flight instead.
+  which describes its tiles and weight math): one activation row per program (m_rows > 1 shares
+  a dequantised tile between rows; measured slower), packed half2 math in inline PTX for fp16 and
+  fp32 mantissa-trick math for bf16 and the interpreter, split-K so that even N = 5120 puts
+  enough programs on the chip. On the H200 (bench_gemm.py --gemv-m1 / --gemv-pick) the plain loop
+  beat both a one-tile-ahead register prefetch (double registers, fewer warps) and Triton's
+  cp.async pipelining (``tl.range(num_stages=3..4)``, 1.5-2.5x slower); the table holds the best
+  of the tiles tried (64 x 512, 4 warps, split toward 16 waves). At M = 2 the GEMV (one row per program) beat the GEMM by 5-12%,
+  at M = 4 it lost, hence gemv_max_m 2 on sm_90.
 - ``_w4a16_gemm_kernel`` (M above that): ``tl.dot`` with the dequantised weight as the *first*
   operand (``acc[BN, BM] = W^T x^T``), so that on sm_90 the computed operand may sit in registers
   (wgmma takes only A from registers) while x streams into shared memory; a small M then costs a
@@ -159,6 +158,9 @@ class GemvConfig:
     num_warps: int
     num_stages: int
     waves: int          # split K until about waves * SMs programs exist
+    m_rows: int = 1     # dense GEMV: activation rows per program (1, 2 or 4), sharing each dequantised tile
+    prefetch: bool = True   # dense GEMV: issue the next tile's loads before this tile's math
+    half2: bool = True      # dense GEMV, fp16: packed half2 weight math (else the fp32 math bf16 uses)
 
 
 @dataclass(frozen=True)
@@ -184,23 +186,23 @@ MAX_SPLIT_K = 32
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 REDUCE_BLOCK = 1024
 
-# The GEMV's loads do not feed tl.dot, so Triton does not pipeline them (num_stages is moot there):
-# wide K tiles (several groups each) keep enough bytes in flight per program instead. sm_70 has no
+# The GEMV row: 64 columns x 512 inputs per tile, no prefetch, no pipelining, split toward 16 waves
+# (measured on the H200; sm_80 and sm_70 take it unmeasured, with M = 1 only). sm_70 has no
 # cp.async, so its GEMM stages stay at 1-2, and its shared memory (96 KB) bounds the tiles. The sm_90
 # choices come from bench/bench_gemm.py --sweep on an H200.
 TABLES = {
-    "sm70": ArchTable(1, GemvConfig(32, 512, 4, 1, 8), (
+    "sm70": ArchTable(1, GemvConfig(64, 512, 4, 1, 16, prefetch=False), (
         (16, GemmConfig(16, 64, 64, 4, 1, waves=4)),
         (64, GemmConfig(64, 64, 64, 4, 1, waves=2)),
         (1 << 30, GemmConfig(64, 128, 32, 8, 2)),
     )),
-    "sm80": ArchTable(1, GemvConfig(32, 512, 4, 1, 8), (
+    "sm80": ArchTable(1, GemvConfig(64, 512, 4, 1, 16, prefetch=False), (
         (16, GemmConfig(16, 64, 128, 4, 3, waves=8)),
         (64, GemmConfig(64, 64, 128, 4, 3, waves=4)),
         (256, GemmConfig(64, 128, 64, 4, 3)),
         (1 << 30, GemmConfig(128, 128, 64, 8, 3)),
     )),
-    "sm90": ArchTable(1, GemvConfig(32, 512, 4, 1, 8), (
+    "sm90": ArchTable(2, GemvConfig(64, 512, 4, 1, 16, prefetch=False), (
         (16, GemmConfig(16, 64, 128, 4, 3, waves=8)),
         (64, GemmConfig(64, 64, 128, 4, 3, waves=4)),
         (256, GemmConfig(128, 128, 64, 8, 3)),
@@ -214,6 +216,19 @@ def pick_split(tiles: int, n_kb: int, waves: int, sms: int) -> int:
     want = max(1, min(-(-waves * sms // tiles), n_kb, MAX_SPLIT_K))
     per = -(-n_kb // want)
     return -(-n_kb // per)
+
+
+def gemv_tile_rows(bk: int, k: int, group: int) -> tuple[int, int]:
+    """Dense GEMV tile: (R packed rows dividing K / 8, SR rows per scale block: the largest power of
+    two that divides the group's G / 8 rows, at most R)."""
+    if group % 8:
+        raise ConfigError(f"W4A16 group size {group} is not a multiple of 8; use a checkpoint quantised "
+                          "with group size 32, 64 or 128")
+    r = bk // 8
+    while (k // 8) % r:
+        r //= 2
+    gr = group // 8
+    return r, min(gr & -gr, r)
 
 
 def gemv_block_k(bk: int, k: int) -> int:
@@ -257,14 +272,21 @@ def w4a16_linear(x, weight: QuantizedWeight, bias=None):
     b_arg = bias if bias is not None else y
     if m <= table.gemv_max_m:
         c = table.gemv
-        bk = gemv_block_k(c.BK, k)
-        tiles = triton.cdiv(n, c.BN) * m
-        split = pick_split(tiles, k // bk, c.waves, sms)
+        r, sr = gemv_tile_rows(c.BK, k, g)
+        # half2 math needs PTX (not the interpreter) and fp16; x is read as 8-byte words
+        f16x2 = c.half2 and x.dtype == torch.float16 and not INTERPRET
+        if f16x2 and (x2.stride(0) % 4 or x2.data_ptr() % 8):
+            # a fresh copy: contiguous() may return the same misaligned view (a single row)
+            x2 = torch.empty((m, k), dtype=x2.dtype, device=x2.device).copy_(x2)
+        mr = min(c.m_rows, 1 if m == 1 else 2 if m == 2 else 4)
+        tiles = triton.cdiv(n, c.BN) * triton.cdiv(m, mr)
+        split = pick_split(tiles, k // (8 * r), c.waves, sms)
         part = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else y
-        _w4a16_gemv_kernel[(triton.cdiv(n, c.BN), split, m)](
-            x2, qw, sc, zr, b_arg, y, part, m, n, k, x2.stride(0), y.stride(0), 15, G=g, BN=c.BN, BK=bk,
-            SPLIT_K=split, HAS_BIAS=bias is not None, STAGES=c.num_stages, num_warps=c.num_warps,
-            num_stages=c.num_stages)
+        _w4a16_gemv_kernel[(triton.cdiv(n, c.BN), split, triton.cdiv(m, mr))](
+            x2, qw, sc, zr, b_arg, y, part, m, n, k, x2.stride(0), y.stride(0), 15, split, G=g, BN=c.BN, R=r,
+            SR=sr, MR=mr, SPLIT=split > 1, HAS_BIAS=bias is not None, PREFETCH=c.prefetch, F16X2=f16x2,
+            ASM=not INTERPRET, STAGES=c.num_stages,
+            num_warps=c.num_warps, num_stages=c.num_stages)
     else:
         c = next(cfg for max_m, cfg in table.gemm if m <= max_m)
         bk = block_k(c.BK, g, k)
@@ -294,7 +316,8 @@ def _signature(dt: str, names: tuple, n_runtime: int) -> dict:
 
 
 _GEMV_ARGS = ("x_ptr", "qw_ptr", "s_ptr", "z_ptr", "bias_ptr", "y_ptr", "part_ptr", "M", "N", "K",
-              "stride_xm", "stride_ym", "nib", "G", "BN", "BK", "SPLIT_K", "HAS_BIAS", "STAGES")
+              "stride_xm", "stride_ym", "nib", "n_split", "G", "BN", "R", "SR", "MR", "SPLIT", "HAS_BIAS",
+              "PREFETCH", "F16X2", "ASM", "STAGES")
 _GEMM_ARGS = _GEMV_ARGS[:12] + ("nib2", "G", "BM", "BN", "BK", "SPLIT_K", "GROUP_M", "HAS_BIAS", "INTERPRET")
 
 
@@ -306,9 +329,11 @@ def aot_configs(cc: int) -> list[AotConfig]:
     for dt in ("fp16",) + (("bf16",) if cc >= 80 else ()):
         c = table.gemv
         for split in (1, 4):
-            out.append(AotConfig("_w4a16_gemv_kernel", _signature(dt, _GEMV_ARGS, 13),
-                                 dict(G=128, BN=c.BN, BK=c.BK, SPLIT_K=split,
-                                      HAS_BIAS=split == 1, STAGES=c.num_stages),
+            r, sr = gemv_tile_rows(c.BK, 5120, 128)
+            out.append(AotConfig("_w4a16_gemv_kernel", _signature(dt, _GEMV_ARGS, 14),
+                                 dict(G=128, BN=c.BN, R=r, SR=sr, MR=1, SPLIT=split > 1, HAS_BIAS=split == 1,
+                                      PREFETCH=c.prefetch, F16X2=c.half2 and dt == "fp16", ASM=True,
+                                      STAGES=c.num_stages),
                                  c.num_warps, c.num_stages, f"gemv {dt} split{split}"))
         for max_m, c in table.gemm:
             for g in (128, 32):
