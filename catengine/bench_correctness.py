@@ -184,6 +184,10 @@ def correctness_report(workdir: Path, args, sizes) -> dict:
         for who in ("catengine_fp16", "transformers_fp16"):
             m = r[who]
             rows.append([kind, who, m["top1_agreement"], m["max_logprob_diff"], m["mean_logprob_diff"]])
+        print(f"{kind}: " + ", ".join(f"{who} top-1 {r[who]['top1_agreement']:.4f} max |dlogprob| "
+                                       f"{r[who]['max_logprob_diff']:.4f}" for who in ("catengine_fp16",
+                                                                                         "transformers_fp16")),
+              flush=True)   # a run cut short still reports the models it finished
     print_table(f"correctness vs float32 transformers, teacher-forced over {sizes.corr_tokens} tokens "
                 f"(targets: top-1 >= {TARGET_TOP1}, max logprob diff <= {TARGET_LOGPROB})",
                 ["model", "fp16 run", "top-1 agreement", "max |dlogprob|", "mean |dlogprob|"], rows)
