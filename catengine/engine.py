@@ -321,10 +321,14 @@ class Engine:
         pending, results = set(ids), {}
         try:
             while pending:
-                for out in self.step():
-                    if out.finished and out.request_id in pending:
-                        results[out.request_id] = out
-                        pending.discard(out.request_id)
+                # like step(), but whole outputs only for the requests that finished: building every
+                # changed request's cumulative output each step costs O(length) per request
+                for state in self._advance():
+                    for c in state.completions:
+                        c.clear_deltas()
+                    if state.finished and state.request_id in pending:
+                        results[state.request_id] = state.output()
+                        pending.discard(state.request_id)
         finally:
             if pending:   # interrupted (an exception, KeyboardInterrupt): do not leave work behind
                 self.abort(list(pending))

@@ -87,6 +87,11 @@ class Completion:
             self.text += text
             self.new_text.append(text)
 
+    def clear_deltas(self) -> None:
+        """Forget what accumulated since the last delta (the batch API reads whole outputs instead)."""
+        if self.touched:
+            self.new_text, self.new_ids, self.new_logprobs, self.touched = [], [], [], False
+
     def output(self) -> CompletionOutput:
         return CompletionOutput(self.index, self.text, list(self.token_ids), self.finish_reason, self.stop_reason,
                                 None if self.logprobs is None else list(self.logprobs), self.cumulative_logprob)

@@ -135,13 +135,20 @@ class ModelRunner:
         table_rows = [it.seq.block_table + [0] * (width - len(it.seq.block_table)) for it in items]
 
         block_tables = torch.tensor(table_rows, dtype=torch.int32)
-        q_lens = torch.tensor(lens, dtype=torch.int64)
-        qsl = torch.zeros(len(items) + 1, dtype=torch.int64)
-        torch.cumsum(q_lens, 0, out=qsl[1:])
-        seq_of_token = torch.repeat_interleave(torch.arange(len(items)), q_lens)
-        positions = torch.tensor(starts, dtype=torch.int64)[seq_of_token] + (
-            torch.arange(qsl[-1].item()) - qsl[:-1][seq_of_token])
-        slot_mapping = block_tables[seq_of_token, positions // bs].to(torch.int64) * bs + positions % bs
+        if all(n == 1 for n in lens):
+            # one token per sequence (decode): plain lists beat the vectorised ops at this size
+            positions = torch.tensor(starts, dtype=torch.int64)
+            slot_mapping = torch.tensor([it.seq.block_table[s // bs] * bs + s % bs for it, s in zip(items, starts)],
+                                        dtype=torch.int64)
+            qsl = torch.arange(len(items) + 1, dtype=torch.int32)
+        else:
+            q_lens = torch.tensor(lens, dtype=torch.int64)
+            qsl = torch.zeros(len(items) + 1, dtype=torch.int64)
+            torch.cumsum(q_lens, 0, out=qsl[1:])
+            seq_of_token = torch.repeat_interleave(torch.arange(len(items)), q_lens)
+            positions = torch.tensor(starts, dtype=torch.int64)[seq_of_token] + (
+                torch.arange(qsl[-1].item()) - qsl[:-1][seq_of_token])
+            slot_mapping = block_tables[seq_of_token, positions // bs].to(torch.int64) * bs + positions % bs
         host = {
             "input_ids": torch.tensor(ids, dtype=torch.int64),
             "positions": positions,
