@@ -1,7 +1,8 @@
 """EngineConfig: every setting of an Engine, frozen, validated with messages that say what to change.
 
-``Engine(**kwargs)`` takes exactly these fields; ``catengine serve`` builds its flags from them
-(``metadata["help"]`` is the flag's help text). ``None`` means "pick for me": the engine resolves it
+``Engine(**kwargs)`` takes exactly these fields; ``catengine serve`` has one flag per field under vLLM's
+name where vLLM has one (catengine/server/cli.py; a test checks that every field is reachable), and
+``metadata["help"]`` documents each field. ``None`` means "pick for me": the engine resolves it
 from the model and the device (see :meth:`EngineConfig.resolve`) and exposes the resolved copy as
 ``engine.config``.
 """

@@ -60,7 +60,13 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                    help="reuse KV blocks of shared prompt prefixes")
-    p.add_argument("--enforce-eager", action="store_true", help="never use CUDA graphs")
+    p.add_argument("--kv-cache-auto-trim-ratio", type=float, default=1.05,
+                   help="cap the KV cache at RATIO * max_model_len * max_num_seqs tokens; 0 disables")
+    p.add_argument("--num-state-snapshots", type=int, default=None,
+                   help="GDN state snapshot slots for hybrid prefix caching (default: about 10%% of the cache)")
+    p.add_argument("--num-gpu-blocks-override", "--num-kv-blocks", dest="num_kv_blocks", type=int, default=None,
+                   help="exact number of KV blocks (testing)")
+    p.add_argument("--enforce-eager", action="store_true", help="never use CUDA graphs for decode steps")
     p.add_argument("--seed", type=int, default=0, help="seed of the per-request seeds")
     p.add_argument("--chat-template", default=None, help="a .jinja file or template text overriding the model's")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, help="only 1 is supported for now")
@@ -116,7 +122,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                 max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_dtype=args.kv_cache_dtype,
                 block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching,
                 gpu_memory_utilization=args.gpu_memory_utilization, kv_cache_memory_bytes=args.kv_cache_memory_bytes,
-                seed=args.seed, enforce_eager=args.enforce_eager)
+                kv_cache_auto_trim_ratio=args.kv_cache_auto_trim_ratio, num_state_snapshots=args.num_state_snapshots,
+                num_kv_blocks=args.num_kv_blocks, seed=args.seed, enforce_eager=args.enforce_eager)
 
 
 def log_ignored(args: argparse.Namespace) -> None:

@@ -40,6 +40,19 @@ def test_vllm_command_line_parses():
                                                                                       "FLASH_ATTN_V100", True)
 
 
+def test_every_engine_setting_has_a_flag():
+    import dataclasses
+
+    from catengine.config import EngineConfig
+    defaults = serve_cli.engine_kwargs(parse(""))
+    assert set(defaults) == {f.name for f in dataclasses.fields(EngineConfig)}
+    # the flag defaults are the engine's defaults
+    assert all(defaults[f.name] == f.default for f in dataclasses.fields(EngineConfig))
+    kw = serve_cli.engine_kwargs(parse("--kv-cache-auto-trim-ratio 0 --num-state-snapshots 5 "
+                                       "--num-gpu-blocks-override 77"))
+    assert (kw["kv_cache_auto_trim_ratio"], kw["num_state_snapshots"], kw["num_kv_blocks"]) == (0.0, 5, 77)
+
+
 def test_positional_model_and_sizes():
     args = parse("/m --max-model-len 32k --max-num-batched-tokens 8K")
     kw = serve_cli.engine_kwargs(args)
