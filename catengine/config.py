@@ -54,7 +54,7 @@ class EngineConfig:
                                             1.05)
     seed: int = _help("seed of the per-request seeds drawn for requests without one", 0)
     num_state_snapshots: int | None = _help("GDN state snapshot slots for hybrid prefix caching; None: about 10% "
-                                            "of the cache budget, at most 2 * max_num_seqs")
+                                            "of the cache budget, at most max(8 * max_num_seqs, 64)")
     num_kv_blocks: int | None = _help("exact number of KV blocks (testing/debugging); None: from the memory plan")
     enforce_eager: bool = _help("never use CUDA graphs", False)
 
