@@ -133,22 +133,41 @@ class SparseMoE:
         self.top_k, self.renormalize = cfg.num_experts_per_tok, cfg.norm_topk_prob
         self.num_experts = cfg.num_experts
         self.router_weight = self.w13 = self.w2 = self.shared_gate_weight = None
+        self._merged = None   # router + shared gate rows, see _router_and_gate
         self.shared_expert = MLP(cfg.hidden_size, cfg.shared_expert_intermediate_size) \
             if cfg.shared_expert_intermediate_size else None
 
     def register(self, slots: WeightSlots, prefix: str) -> None:
-        slots.add(f"{prefix}.gate.weight", lambda v: setattr(self, "router_weight", v))
+        slots.add(f"{prefix}.gate.weight", lambda v: self._set("router_weight", v))
         slots.add(f"{prefix}.experts.gate_up_proj", lambda v: setattr(self, "w13", v))
         slots.add(f"{prefix}.experts.down_proj", lambda v: setattr(self, "w2", v))
         if self.shared_expert is not None:
             self.shared_expert.register(slots, f"{prefix}.shared_expert")
-            slots.add(f"{prefix}.shared_expert_gate.weight", lambda v: setattr(self, "shared_gate_weight", v))
+            slots.add(f"{prefix}.shared_expert_gate.weight", lambda v: self._set("shared_gate_weight", v))
+
+    def _set(self, name: str, value: torch.Tensor) -> None:
+        setattr(self, name, value)
+        self._merged = None
+
+    def _router_and_gate(self) -> torch.Tensor:
+        """[E (+1), H]: the router rows, then the shared expert's gate row, so one GEMM gives both (a
+        1-row GEMM is two cuBLAS launches of its own at decode). Built on the first call, after
+        loading (the eager warm-up, before any CUDA graph capture); loading a weight again drops it."""
+        if self.shared_expert is None:
+            return self.router_weight
+        if self._merged is None:
+            merged = torch.cat([self.router_weight, self.shared_gate_weight])
+            # the separate weights become views, so the rows are not held twice
+            self.router_weight, self.shared_gate_weight = merged[: self.num_experts], merged[self.num_experts:]
+            self._merged = merged
+        return self._merged
 
     def __call__(self, x):
-        weights, ids = ops.moe_route(F.linear(x, self.router_weight), self.top_k, self.renormalize)
+        logits = F.linear(x, self._router_and_gate())
+        weights, ids = ops.moe_route(logits[:, : self.num_experts], self.top_k, self.renormalize)
         out = ops.fused_moe(x, self.w13, self.w2, weights, ids)
         if self.shared_expert is not None:
-            out = out + torch.sigmoid(F.linear(x, self.shared_gate_weight)) * self.shared_expert(x)
+            out = torch.addcmul(out, torch.sigmoid(logits[:, self.num_experts:]), self.shared_expert(x))
         return out
 
 
