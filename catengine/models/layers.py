@@ -51,9 +51,10 @@ class Attention:
     def __call__(self, x, positions, batch: BatchMetadata, cache: AttentionCache):
         t = x.shape[0]
         qg, k, v = self.qkv_proj.split(self.qkv_proj(x))
+        # strided views, no copies: qk_norm_rope, store_kv and paged_attention take row and head strides
         qg = qg.view(t, self.nh, 2 * self.d)
-        q, gate = qg[..., : self.d].contiguous(), qg[..., self.d:].contiguous()
-        k, v = k.reshape(t, self.nkv, self.d), v.reshape(t, self.nkv, self.d).contiguous()
+        q, gate = qg[..., : self.d], qg[..., self.d:]
+        k, v = k.reshape(t, self.nkv, self.d), v.reshape(t, self.nkv, self.d)
         q, k = ops.qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight, positions, self.rope_cache, self.eps)
         ops.store_kv(k, v, cache.k, cache.v, batch.slot_mapping)
         o = ops.paged_attention(q, cache.k, cache.v, batch.block_tables, batch.seq_lens, batch.query_start_loc,
@@ -91,7 +92,7 @@ class GatedDeltaNet:
         t = x.shape[0]
         mixed, z = self.in_proj_qkvz.split(self.in_proj_qkvz(x))
         b, a = self.in_proj_ba.split(self.in_proj_ba(x))
-        mixed = mixed.contiguous()
+        # column slices stay views: the conv and gating kernels take a row stride
         if batch.decode_only:
             mixed = ops.causal_conv1d_update(mixed, self.conv_weight, cache.conv, batch.state_slots)
         else:
@@ -101,7 +102,7 @@ class GatedDeltaNet:
         q = q.reshape(t, self.hk, self.dk)
         k = k.reshape(t, self.hk, self.dk)
         v = v.reshape(t, self.hv, self.dv)
-        g, beta = ops.gdn_gating(self.A_log, a.contiguous(), self.dt_bias, b.contiguous())
+        g, beta = ops.gdn_gating(self.A_log, a, self.dt_bias, b)
         rule = ops.recurrent_gated_delta_rule if batch.decode_only else ops.chunk_gated_delta_rule
         extra = {"intermediate_state_slots": batch.intermediate_state_slots} if batch.decode_only else {}
         o = rule(q, k, v, g, beta, cache.ssm, batch.query_start_loc, batch.state_slots, batch.has_initial_state,

@@ -56,10 +56,12 @@ def test_causal_conv1d_matches_reference(dtype, kc, activation, strided):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("kc", [4, 3])
-def test_causal_conv1d_update_matches_reference(dtype, kc):
+@pytest.mark.parametrize("kc,strided", [(4, False), (3, True)])
+def test_causal_conv1d_update_matches_reference(dtype, kc, strided):
     gen = torch.Generator().manual_seed(kc)
-    x, w, states, slots, _ = _case([1] * 6, 300, kc, dtype, gen)  # C = 300: more than one channel block
+    # C = 300: more than one channel block; strided: x as the model passes it, a column slice
+    x, w, states, slots, _ = _case([1] * 6, 300, kc, dtype, gen, strided=strided)
+    assert x.is_contiguous() != strided
     st_ref = states.clone()
     out_ref = ref.causal_conv1d_update(x, w, st_ref, slots)
     st = states.clone().to(DEV)

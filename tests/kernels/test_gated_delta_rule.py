@@ -58,7 +58,7 @@ def test_gdn_gating_matches_reference():
     hv, t = 6, 37
     a_log, dt_bias = torch.randn(hv, generator=gen), torch.randn(hv, generator=gen)
     a = torch.randn(t, 2 * hv, generator=gen)[:, :hv] * 15  # softplus in all regimes (x < -9, |x| < 20, x > 20)
-    b = torch.randn(t, hv, generator=gen) * 8
+    b = torch.randn(t, 2 * hv, generator=gen)[:, hv:] * 8   # both as column slices of in_proj_ba's output
     g_ref, beta_ref = ref.gdn_gating(a_log, a, dt_bias, b)
     g, beta = gdn_gating(a_log.to(DEV), a.to(DEV), dt_bias.to(DEV), b.to(DEV))
     torch.testing.assert_close(g.cpu(), g_ref, rtol=1e-5, atol=1e-6)
