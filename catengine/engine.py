@@ -366,7 +366,7 @@ class Engine:
         self.abort(list(self._requests))
         self._requests.clear()
         self._touched.clear()
-        self.runner.caches = None
+        self.runner.caches = self.runner.graphs = None   # the graphs hold the caches and their memory pool
         self.model = self.runner.model = None
 
 

@@ -98,3 +98,11 @@ def test_warm_up_runs_on_throwaway_caches(tiny_model_dir):
     after = [t for layer in caches.layers for t in vars(layer).values() if isinstance(t, torch.Tensor)]
     assert seconds >= 0 and engine.runner.caches is caches
     assert all(torch.equal(a, b) for a, b in zip(before, after))
+
+
+def test_close_drops_the_graphs(tiny_model_dir):
+    engine = _engine(tiny_model_dir, max_num_seqs=4)
+    engine.enable_decode_graphs(capture=False)
+    engine.close()
+    assert engine.runner.graphs is None and engine.runner.caches is None
+
