@@ -106,3 +106,22 @@ def test_close_drops_the_graphs(tiny_model_dir):
     engine.close()
     assert engine.runner.graphs is None and engine.runner.caches is None
 
+
+
+@pytest.mark.parametrize("preset,kv", [("tiny-moe", "auto"), ("tiny-dense", "fp8_e5m2")])
+def test_padded_buffers_with_awq_moe_and_fp8_kv(tmp_path, preset, kv):
+    """Padding rows through MoE routing (they route somewhere, their outputs are dropped), AWQ linears
+    and an fp8 KV store (slot -1 writes nothing)."""
+    from catengine.bench_cli import BENCH_PRESETS
+    from catengine.random_checkpoint import write_random_checkpoint
+    spec, group = BENCH_PRESETS[preset]
+    path = write_random_checkpoint(tmp_path / preset, spec, quant="awq", group_size=group, progress=False)
+    kw = dict(model=str(path), max_model_len=1024, max_num_seqs=16, kv_cache_dtype=kv, kv_cache_memory_bytes=64 << 20)
+    padded, eager = Engine(**kw), Engine(**kw)
+    padded.enable_decode_graphs(capture=False)
+    prompts = [[(7 * i + 3 * j) % 400 + 1 for j in range(5 + 9 * i)] for i in range(11)]
+    params = [SamplingParams(temperature=0, max_tokens=3 + 2 * i, ignore_eos=True) for i in range(11)]
+    a = [o.token_ids for o in padded.generate(prompts, params)]
+    b = [o.token_ids for o in eager.generate(prompts, params)]
+    assert a == b and padded.runner.graphs.num_runs >= 20 and len({tuple(t) for t in a}) > 5
+    assert_clean(padded)

@@ -58,3 +58,26 @@ def test_decode_cuda_graphs_replay_the_padded_eager_step():
         e.check_integrity()
         s = e.stats()
         assert s["num_running"] == 0 and s["num_free_kv_blocks"] == s["num_kv_blocks"]
+
+
+@pytest.mark.parametrize("preset,kv", [("tiny-moe", "auto"), ("tiny-dense", "fp8_e5m2")])
+def test_graphs_with_awq_moe_and_fp8_kv(tmp_path, preset, kv):
+    """AWQ MoE (routing, fused experts, shared expert) and an fp8 KV cache replay from graphs exactly as
+    their padded eager step."""
+    from catengine.bench_cli import BENCH_PRESETS
+    from catengine.random_checkpoint import write_random_checkpoint
+    spec, group = BENCH_PRESETS[preset]
+    path = write_random_checkpoint(tmp_path / preset, spec, quant="awq", group_size=group, device="cuda",
+                                   progress=False)
+    kw = dict(model=str(path), device="cuda", max_model_len=1024, max_num_seqs=16, kv_cache_dtype=kv,
+              kv_cache_memory_bytes=256 << 20)
+    graphed = Engine(**kw)
+    padded_eager = Engine(**kw, enforce_eager=True)
+    padded_eager.enable_decode_graphs(capture=False)
+    prompts = [[(7 * i + 3 * j) % 400 + 1 for j in range(5 + 9 * i)] for i in range(11)]
+    params = [SamplingParams(temperature=0, max_tokens=3 + 2 * i, ignore_eos=True) for i in range(11)]
+    a = [o.token_ids for o in graphed.generate(prompts, params)]
+    b = [o.token_ids for o in padded_eager.generate(prompts, params)]
+    assert a == b and graphed.runner.graphs.num_runs > 0
+    for e in (graphed, padded_eager):
+        e.check_integrity()
