@@ -245,6 +245,8 @@ def sweep(deadline: float, dtype=torch.float16):
 _GV = w4a16.GemvConfig
 GEMV_CANDIDATES = [
     ("64x512 w4 wv16 noprefetch", _GV(64, 512, 4, 1, 16, prefetch=False)),
+    ("64x512 w4 wv16 noprefetch fused reduce", _GV(64, 512, 4, 1, 16, prefetch=False, fused_reduce=True)),
+    ("64x512 w4 wv32 noprefetch fused reduce", _GV(64, 512, 4, 1, 32, prefetch=False, fused_reduce=True)),
     ("fp32 math 64x512 w4 s3 wv8", _GV(64, 512, 4, 3, 8, prefetch=False, half2=False)),
     ("64x512 w4 s3 wv8", _GV(64, 512, 4, 3, 8, prefetch=False)),
     ("64x512 w4 s3 wv4", _GV(64, 512, 4, 3, 4, prefetch=False)),

@@ -15,7 +15,7 @@ Stacked MoE experts add a leading ``E`` dimension to all three tensors.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -26,6 +26,8 @@ class QuantizedWeight:
     scales: torch.Tensor
     zeros: torch.Tensor
     group_size: int
+    # int32 scratch of the GEMV's in-kernel split-K reduce (kernels/w4a16.py), allocated there on first use
+    split_counters: torch.Tensor | None = field(default=None, repr=False, compare=False)
 
     @property
     def in_features(self) -> int:

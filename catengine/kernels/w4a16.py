@@ -18,7 +18,10 @@ Two kernels, picked by M from a per-architecture table:
   0x64006400`` holds nibbles j and j+4 as the fp16 values ``1024 + q`` (``128 + q`` in bf16).
 
 Split-K programs write fp32 partials that ``_splitk_reduce_kernel`` sums in a fixed order (results
-do not depend on scheduling) while adding the bias and casting.
+do not depend on scheduling) while adding the bias and casting. A GEMV row with ``fused_reduce`` skips
+that launch: the last program of each tile to arrive at an acq_rel counter (``split_counters``, owned
+by the weight) sums the partials in the same fixed order. It is off in the tables until it has been
+timed on a GPU (a decode step of the 35B-A3B launched ~4 reduces per layer, 5 us of GPU time each layer).
 """
 from __future__ import annotations
 
@@ -161,6 +164,9 @@ class GemvConfig:
     m_rows: int = 1     # dense GEMV: activation rows per program (1, 2 or 4), sharing each dequantised tile
     prefetch: bool = True   # dense GEMV: issue the next tile's loads before this tile's math
     half2: bool = True      # dense GEMV, fp16: packed half2 weight math (else the fp32 math bf16 uses)
+    # dense GEMV with split K: the last split of a tile reduces (no second launch). Off until measured on
+    # a GPU; the interpreter and gpu tests run it
+    fused_reduce: bool = False
 
 
 @dataclass(frozen=True)
@@ -209,6 +215,20 @@ TABLES = {
         (1 << 30, GemmConfig(256, 128, 64, 8, 4)),
     )),
 }
+
+
+def split_counters(weight: QuantizedWeight, needed: int, size: int):
+    """The weight's zeroed int32 arrival counters for the GEMV's in-kernel split-K reduce (each call
+    leaves them zero again), ``size`` of them allocated on first use and never replaced (a captured
+    CUDA graph keeps their address). None when a call needs more, or when the first use is inside a
+    graph capture: the caller then launches the reduce kernel."""
+    buf = weight.split_counters
+    if buf is None:
+        device = weight.qweight.device
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        buf = weight.split_counters = torch.zeros(max(size, needed), dtype=torch.int32, device=device)
+    return buf if needed <= buf.numel() else None
 
 
 def pick_split(tiles: int, n_kb: int, waves: int, sms: int) -> int:
@@ -282,11 +302,16 @@ def w4a16_linear(x, weight: QuantizedWeight, bias=None):
         tiles = triton.cdiv(n, c.BN) * triton.cdiv(m, mr)
         split = pick_split(tiles, k // (8 * r), c.waves, sms)
         part = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else y
-        _w4a16_gemv_kernel[(triton.cdiv(n, c.BN), split, triton.cdiv(m, mr))](
-            x2, qw, sc, zr, b_arg, y, part, m, n, k, x2.stride(0), y.stride(0), 15, split, G=g, BN=c.BN, R=r,
-            SR=sr, MR=mr, SPLIT=split > 1, HAS_BIAS=bias is not None, PREFETCH=c.prefetch, F16X2=f16x2,
-            ASM=not INTERPRET, STAGES=c.num_stages,
-            num_warps=c.num_warps, num_stages=c.num_stages)
+        grid = (triton.cdiv(n, c.BN), split, triton.cdiv(m, mr))
+        counters = (split_counters(weight, grid[0] * grid[2], grid[0] * max(4, table.gemv_max_m))
+                    if split > 1 and c.fused_reduce else None)
+        _w4a16_gemv_kernel[grid](
+            x2, qw, sc, zr, b_arg, y, part, m, n, k, x2.stride(0), y.stride(0), 15, split,
+            part if counters is None else counters, G=g, BN=c.BN, R=r, SR=sr, MR=mr, SPLIT=split > 1,
+            HAS_BIAS=bias is not None, PREFETCH=c.prefetch, F16X2=f16x2, ASM=not INTERPRET, STAGES=c.num_stages,
+            FUSED_REDUCE=counters is not None, num_warps=c.num_warps, num_stages=c.num_stages)
+        if counters is not None:
+            return y.reshape(*lead, n)
     else:
         c = next(cfg for max_m, cfg in table.gemm if m <= max_m)
         bk = block_k(c.BK, g, k)
@@ -311,13 +336,13 @@ TRITON_OPS = {"w4a16_linear": w4a16_linear}
 def _signature(dt: str, names: tuple, n_runtime: int) -> dict:
     """The first n_runtime names are pointers/ints, the rest constexprs."""
     types = {"x_ptr": f"*{dt}", "qw_ptr": "*i32", "s_ptr": f"*{dt}", "z_ptr": f"*{dt}",
-             "bias_ptr": f"*{dt}", "y_ptr": f"*{dt}", "part_ptr": "*fp32"}
+             "bias_ptr": f"*{dt}", "y_ptr": f"*{dt}", "part_ptr": "*fp32", "count_ptr": "*i32"}
     return {a: types.get(a, "i32") if i < n_runtime else "constexpr" for i, a in enumerate(names)}
 
 
 _GEMV_ARGS = ("x_ptr", "qw_ptr", "s_ptr", "z_ptr", "bias_ptr", "y_ptr", "part_ptr", "M", "N", "K",
-              "stride_xm", "stride_ym", "nib", "n_split", "G", "BN", "R", "SR", "MR", "SPLIT", "HAS_BIAS",
-              "PREFETCH", "F16X2", "ASM", "STAGES")
+              "stride_xm", "stride_ym", "nib", "n_split", "count_ptr", "G", "BN", "R", "SR", "MR", "SPLIT",
+              "HAS_BIAS", "PREFETCH", "F16X2", "ASM", "STAGES", "FUSED_REDUCE")
 _GEMM_ARGS = _GEMV_ARGS[:12] + ("nib2", "G", "BM", "BN", "BK", "SPLIT_K", "GROUP_M", "HAS_BIAS", "INTERPRET")
 
 
@@ -328,13 +353,13 @@ def aot_configs(cc: int) -> list[AotConfig]:
     out = []
     for dt in ("fp16",) + (("bf16",) if cc >= 80 else ()):
         c = table.gemv
-        for split in (1, 4):
+        for split, fused in ((1, False), (4, False), (4, True)):
             r, sr = gemv_tile_rows(c.BK, 5120, 128)
-            out.append(AotConfig("_w4a16_gemv_kernel", _signature(dt, _GEMV_ARGS, 14),
+            out.append(AotConfig("_w4a16_gemv_kernel", _signature(dt, _GEMV_ARGS, 15),
                                  dict(G=128, BN=c.BN, R=r, SR=sr, MR=1, SPLIT=split > 1, HAS_BIAS=split == 1,
                                       PREFETCH=c.prefetch, F16X2=c.half2 and dt == "fp16", ASM=True,
-                                      STAGES=c.num_stages),
-                                 c.num_warps, c.num_stages, f"gemv {dt} split{split}"))
+                                      STAGES=c.num_stages, FUSED_REDUCE=fused),
+                                 c.num_warps, c.num_stages, f"gemv {dt} split{split}{' fused reduce' * fused}"))
         for max_m, c in table.gemm:
             for g in (128, 32):
                 split = 4 if c.waves > 1 else 1

@@ -306,17 +306,41 @@ def _gemv_store(acc, bias_ptr, y_ptr, part_ptr, i_s, i_m, o_n, m_n, M, N, stride
 
 
 @triton.jit
+def _last_split_reduces(bias_ptr, y_ptr, part_ptr, p_count, i_m, o_n, m_n, M, N, n_split, stride_ym,
+                        MR: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """Split-K without a second launch: each program has stored its partials; the one that arrives
+    last at this (column tile, row tile) counter sums all of them in split order (so the result does
+    not depend on who came last), writes y and re-arms the counter for the next call."""
+    # every thread's partial stores before the release (the atomic is issued by one thread)
+    tl.debug_barrier()
+    arrived = tl.atomic_add(p_count, 1, sem="acq_rel", scope="gpu")
+    if arrived == n_split - 1:
+        for r in tl.static_range(MR):
+            m_row = m_n & (i_m + r + 0 * o_n < M)
+            b_y = tl.zeros_like(o_n).to(tl.float32)
+            for i_s in range(0, n_split):
+                # .cg: from L2, where the other programs' partials are; never a stale L1 line
+                b_y += tl.load(part_ptr + (i_s * M + i_m + r) * N + o_n, mask=m_row, other=0., cache_modifier=".cg")
+            if HAS_BIAS:
+                b_y += tl.load(bias_ptr + o_n, mask=m_n, other=0).to(tl.float32)
+            tl.store(y_ptr + (i_m + r) * stride_ym + o_n, b_y.to(y_ptr.dtype.element_ty), mask=m_row)
+        tl.atomic_xchg(p_count, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
 def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_ptr, M, N, K, stride_xm,
-                       stride_ym, nib, n_split, G: tl.constexpr, BN: tl.constexpr, R: tl.constexpr,
+                       stride_ym, nib, n_split, count_ptr, G: tl.constexpr, BN: tl.constexpr, R: tl.constexpr,
                        SR: tl.constexpr, MR: tl.constexpr, SPLIT: tl.constexpr,
                        HAS_BIAS: tl.constexpr, PREFETCH: tl.constexpr, F16X2: tl.constexpr,
-                       ASM: tl.constexpr, STAGES: tl.constexpr):
+                       ASM: tl.constexpr, STAGES: tl.constexpr, FUSED_REDUCE: tl.constexpr):
     """MR activation rows per program (each weight tile is dequantised once for all of them), BN
     columns, K range i_s of n_split (SPLIT: n_split > 1, fp32 partials to part_ptr), tiles of 8R
     input features; R divides K / 8 (launcher). The split count is a run-time value so that the
     shapes of one model share a handful of compiled variants. ASM: inline PTX allowed (not in the
     interpreter); F16X2 (needs ASM and fp16): the half2 weight math.
-    F16X2 needs x 8-byte aligned per row (launcher: stride_xm % 4 == 0)."""
+    F16X2 needs x 8-byte aligned per row (launcher: stride_xm % 4 == 0). FUSED_REDUCE (with SPLIT):
+    the last split of each tile sums the partials (count_ptr: one zeroed int32 per program of grid
+    axes 0 and 2) instead of a separate reduce launch."""
     i_n, i_s, i_m = tl.program_id(0), tl.program_id(1), tl.program_id(2) * MR
     o_n = i_n * BN + tl.arange(0, BN)
     m_n = o_n < N
@@ -355,3 +379,6 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_ptr, M
     if MR > 2:
         _gemv_store(acc2, bias_ptr, y_ptr, part_ptr, i_s, i_m + 2, o_n, m_n, M, N, stride_ym, SPLIT, HAS_BIAS)
         _gemv_store(acc3, bias_ptr, y_ptr, part_ptr, i_s, i_m + 3, o_n, m_n, M, N, stride_ym, SPLIT, HAS_BIAS)
+    if SPLIT and FUSED_REDUCE:
+        p_count = count_ptr + i_n * tl.num_programs(2) + tl.program_id(2)
+        _last_split_reduces(bias_ptr, y_ptr, part_ptr, p_count, i_m, o_n, m_n, M, N, n_split, stride_ym, MR, HAS_BIAS)

@@ -20,6 +20,7 @@ import torch
 
 from catengine.errors import ConfigError
 from catengine.kernels import reference, w4a16
+from catengine.kernels.arch import INTERPRETER_SMS
 from catengine.kernels.packing import QuantizedWeight, pack_int4_along_k
 
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
@@ -134,6 +135,28 @@ def test_gemv_rows_per_program(monkeypatch, m, m_rows, prefetch):
     check(m, 256, 40, 32, torch.float16, bias=True)
 
 
+def _fused_reduce_case(monkeypatch, m, k, n, m_rows, device, bias):
+    """The GEMV with its in-kernel split-K reduce, split forced (many waves on a small N), run three
+    times on one weight: each call equals the twin and leaves the arrival counters at zero."""
+    _gemv_table(monkeypatch, fused_reduce=True, waves=64, m_rows=m_rows)
+    w = make_qweight(k, n, 32, torch.float16, device=device, seed=m)
+    g = torch.Generator(device).manual_seed(m)
+    b = torch.randn(n, generator=g, device=device).half() if bias else None
+    for _ in range(3):
+        x = torch.randn(m, k, generator=g, device=device).half()
+        y, ref = w4a16.w4a16_linear(x, w, b), reference.w4a16_linear(x, w, b)
+        assert rel_err(y, ref) < TOL[torch.float16]
+        assert w.split_counters is not None and int(w.split_counters.abs().sum()) == 0
+    tiles = -(-n // w4a16.TABLES["sm90"].gemv.BN)
+    assert w4a16.pick_split(tiles * -(-m // m_rows), k // 8 // w4a16.gemv_tile_rows(
+        w4a16.TABLES["sm90"].gemv.BK, k, 32)[0], 64, INTERPRETER_SMS if device == "cpu" else 132) > 1
+
+
+@pytest.mark.parametrize("m,m_rows,bias", [(1, 1, True), (3, 2, False)])
+def test_gemv_fused_split_reduce(monkeypatch, m, m_rows, bias):
+    _fused_reduce_case(monkeypatch, m, 2048, 40, m_rows, "cpu", bias)
+
+
 def test_gemv_group_not_power_of_two(monkeypatch):
     """G = 96: twelve packed rows per group, read as blocks of four rows that each lie in one group."""
     _gemv_table(monkeypatch, BK=256)
@@ -179,6 +202,13 @@ def test_gpu_gemv_rows(monkeypatch, k, n, m, dtype):
     monkeypatch.setitem(w4a16.TABLES, "sm90", dataclasses.replace(
         w4a16.TABLES["sm90"], gemv_max_m=4, gemv=dataclasses.replace(w4a16.TABLES["sm90"].gemv, m_rows=4)))
     check(m, k, n, 128, dtype, bias=m == 3, device="cuda", seed=m)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k,n", [(6144, 5120), (2048, 1024), (17408, 5120)])
+def test_gpu_gemv_fused_split_reduce(monkeypatch, k, n):
+    """The last-arriving split reduces on the GPU (memory ordering through the acq_rel counter)."""
+    _fused_reduce_case(monkeypatch, 1, k, n, 1, "cuda", True)
 
 
 @pytest.mark.gpu
