@@ -13,6 +13,7 @@ Per step (:meth:`ModelRunner.execute`):
 """
 from __future__ import annotations
 
+import array
 import itertools
 import time
 from dataclasses import dataclass
@@ -37,6 +38,16 @@ class RunnerOutput:
     token_ids: list[int]                      # one per sample row (SchedulerOutput row order)
     logprobs: list[TokenLogprobs | None]      # same rows
     forward_seconds: float = 0.0
+
+
+_I32 = next(code for code in "ilh" if array.array(code).itemsize == 4)   # "i" on every common platform
+_I64 = "q"
+
+
+def _tensor(values: array.array, dtype: torch.dtype) -> torch.Tensor:
+    """A CPU tensor over an ``array.array`` (it keeps the array alive): 3x faster than torch.tensor on a
+    list, which the per-step batch build pays for every field."""
+    return torch.frombuffer(values, dtype=dtype) if len(values) else torch.empty(0, dtype=dtype)
 
 
 class _Rows:
@@ -132,14 +143,16 @@ class ModelRunner:
         for it in items:
             ids.extend(it.seq.token_ids[it.start:it.end])
         width = max(len(it.seq.block_table) for it in items)
-        table_rows = [it.seq.block_table + [0] * (width - len(it.seq.block_table)) for it in items]
-
-        block_tables = torch.tensor(table_rows, dtype=torch.int32)
+        table = array.array(_I32)
+        for it in items:
+            table.extend(it.seq.block_table)
+            table.frombytes(bytes(4 * (width - len(it.seq.block_table))))   # zero padding
+        block_tables = _tensor(table, torch.int32).view(len(items), width)
         if all(n == 1 for n in lens):
             # one token per sequence (decode): plain lists beat the vectorised ops at this size
-            positions = torch.tensor(starts, dtype=torch.int64)
-            slot_mapping = torch.tensor([it.seq.block_table[s // bs] * bs + s % bs for it, s in zip(items, starts)],
-                                        dtype=torch.int64)
+            positions = _tensor(array.array(_I64, starts), torch.int64)
+            slot_mapping = _tensor(array.array(_I64, [it.seq.block_table[s // bs] * bs + s % bs
+                                                     for it, s in zip(items, starts)]), torch.int64)
             qsl = torch.arange(len(items) + 1, dtype=torch.int32)
         else:
             q_lens = torch.tensor(lens, dtype=torch.int64)
@@ -150,13 +163,13 @@ class ModelRunner:
                 torch.arange(qsl[-1].item()) - qsl[:-1][seq_of_token])
             slot_mapping = block_tables[seq_of_token, positions // bs].to(torch.int64) * bs + positions % bs
         host = {
-            "input_ids": torch.tensor(ids, dtype=torch.int64),
+            "input_ids": _tensor(array.array(_I64, ids), torch.int64),
             "positions": positions,
             "query_start_loc": qsl.to(torch.int32),
-            "seq_lens": torch.tensor(ends, dtype=torch.int32),
+            "seq_lens": _tensor(array.array(_I32, ends), torch.int32),
             "block_tables": block_tables,
             "slot_mapping": slot_mapping,
-            "state_slots": torch.tensor([it.seq.state_slot for it in items], dtype=torch.int32),
+            "state_slots": _tensor(array.array(_I32, [it.seq.state_slot for it in items]), torch.int32),
             "has_initial_state": torch.tensor([s > 0 for s in starts], dtype=torch.bool),
         }
         shape = BatchShape(max_query_len=max(lens), max_seq_len=max(ends),
