@@ -73,10 +73,11 @@ class DecodeGraphs:
                 return s
         return None
 
-    def can_run(self, num_seqs: int, decode_only: bool, max_query_len: int, max_seq_len: int,
-                block_table_width: int) -> bool:
-        return (decode_only and max_query_len == 1 and num_seqs <= self.max_batch
-                and max_seq_len <= self.max_model_len and block_table_width <= self.block_tables.shape[1])
+    def can_run(self, shape, num_seqs: int, block_table_width: int) -> bool:
+        """Whether a step of this :class:`catengine.runner.BatchShape` fits a captured graph (decode_only
+        means one new token per sequence)."""
+        return (shape.decode_only and num_seqs <= self.max_batch and shape.max_seq_len <= self.max_model_len
+                and block_table_width <= self.block_tables.shape[1])
 
     def _batch(self, size: int) -> BatchMetadata:
         return BatchMetadata(

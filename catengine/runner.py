@@ -14,6 +14,7 @@ Per step (:meth:`ModelRunner.execute`):
 from __future__ import annotations
 
 import array
+import contextlib
 import itertools
 import time
 from dataclasses import dataclass
@@ -102,8 +103,7 @@ class ModelRunner:
         t0 = time.perf_counter()
         host, shape = self.host_batch(out)
         graphs = self.graphs
-        if graphs is not None and graphs.can_run(len(out.scheduled), shape.decode_only, shape.max_query_len,
-                                                 shape.max_seq_len, host["block_tables"].shape[1]):
+        if graphs is not None and graphs.can_run(shape, len(out.scheduled), host["block_tables"].shape[1]):
             hidden = graphs.run(host)
         else:
             hidden = self.forward(*self.device_batch(host, shape))
@@ -128,10 +128,6 @@ class ModelRunner:
             layer.v[dst] = layer.v[src]
 
     # ------------------------------------------------------------------ batch building
-    def prepare(self, out: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, BatchMetadata]:
-        """``input_ids``, ``positions`` and the :class:`BatchMetadata` of a step, on the device."""
-        return self.device_batch(*self.host_batch(out))
-
     def host_batch(self, out: SchedulerOutput) -> tuple[dict[str, torch.Tensor], BatchShape]:
         """The step's flat inputs as host tensors, built with a few vectorised torch ops."""
         items = out.scheduled
@@ -250,17 +246,23 @@ class ModelRunner:
         greedy = SamplingParams(temperature=0.0)
         sampled = SamplingParams(temperature=0.8, top_p=0.9, top_k=20, min_p=0.01, logprobs=2)
         shapes = [([7], [7]), ([32], [32]), ([5, 1], [21, 9]), ([1, 1], [9, 40])]
-        need = sum(-(-n // self.block_size) for _, lens in shapes for n in lens)
-        saved = self.caches
-        self.caches = make_caches(need, 2)
-        try:
+        # every fake step numbers its blocks from 0: the largest step's count is enough
+        need = max(sum(-(-n // self.block_size) for n in lens) for _, lens in shapes)
+        with self._scratch_caches(make_caches(need, 2)):
             for q, s in shapes:
                 self._fake_step(q, s, [greedy, sampled])
+        return time.perf_counter() - t0
+
+    @contextlib.contextmanager
+    def _scratch_caches(self, caches: ModelCaches):
+        """Run with ``caches`` in place of the real ones (start-up steps), synchronised, then restore."""
+        saved, self.caches = self.caches, caches
+        try:
+            yield caches
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
         finally:
             self.caches = saved
-        return time.perf_counter() - t0
 
     # ------------------------------------------------------------------ memory profiling
     @torch.inference_mode()
@@ -274,15 +276,8 @@ class ModelRunner:
 
         num_fwd = max(1, min(num_seqs, num_tokens, 16))
         lens = [num_tokens // num_fwd + (1 if i < num_tokens % num_fwd else 0) for i in range(num_fwd)]
-        saved = self.caches
-        self.caches = make_caches(sum(-(-n // self.block_size) for n in lens), num_fwd)
-        cache_bytes = sum(t.numel() * t.element_size() for layer in self.caches.layers
-                          for t in vars(layer).values() if isinstance(t, torch.Tensor))
-        try:
+        with self._scratch_caches(make_caches(sum(-(-n // self.block_size) for n in lens), num_fwd)) as caches:
             params = [SamplingParams(temperature=1.0, top_p=0.9, top_k=50, logprobs=5)] * num_seqs
             self._fake_step(lens, lens, params)
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-        finally:
-            self.caches = saved
-        return cache_bytes
+        return sum(t.numel() * t.element_size() for layer in caches.layers
+                   for t in vars(layer).values() if isinstance(t, torch.Tensor))
