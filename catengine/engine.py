@@ -12,6 +12,7 @@ Engine (``AsyncEngine`` runs it on its own thread).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import random
 import threading
@@ -81,10 +82,9 @@ class Engine:
         self.memory_plan = self._plan_memory(cfg)
         plan = self.memory_plan
         self.config = dataclasses.replace(cfg, max_model_len=plan.max_model_len)
-        self.runner.caches = self.model.allocate_caches(plan.num_blocks, cfg.block_size, plan.num_state_slots,
-                                                        cfg.kv_cache_dtype, device)
+        self.runner.caches = self._allocate_caches(cfg, plan.num_blocks, plan.num_state_slots)
         if device.type == "cuda":
-            seconds = self.runner.warm_up(self._throwaway_caches)
+            seconds = self.runner.warm_up(functools.partial(self._allocate_caches, cfg))
             log.info("warm-up (kernel compilation on a cold cache) took %.1f s", seconds)
             if not cfg.enforce_eager:
                 self.enable_decode_graphs()
@@ -105,9 +105,9 @@ class Engine:
                  plan.max_model_len, cfg.max_num_seqs,
                  f"batch sizes up to {self.runner.graphs.max_batch}" if self.runner.graphs else "off (eager)")
 
-    def _throwaway_caches(self, num_blocks: int, num_slots: int):
-        return self.model.allocate_caches(num_blocks, self.config.block_size, num_slots, self.config.kv_cache_dtype,
-                                          self.device)
+    def _allocate_caches(self, cfg: EngineConfig, num_blocks: int, num_slots: int):
+        """The real caches, and the throw-away ones of the profiled step and the warm-up."""
+        return self.model.allocate_caches(num_blocks, cfg.block_size, num_slots, cfg.kv_cache_dtype, self.device)
 
     def enable_decode_graphs(self, capture: bool = True) -> None:
         """Replay decode-only steps of up to min(max_num_seqs, 256) sequences from CUDA graphs
@@ -135,11 +135,8 @@ class Engine:
             torch.cuda.reset_peak_memory_stats(self.device)
             base = torch.cuda.memory_allocated(self.device)
 
-            def make_caches(num_blocks, num_slots):
-                return self.model.allocate_caches(num_blocks, cfg.block_size, num_slots, cfg.kv_cache_dtype,
-                                                  self.device)
-
-            cache_bytes = self.runner.profile_step(cfg.max_num_batched_tokens, cfg.max_num_seqs, make_caches)
+            cache_bytes = self.runner.profile_step(cfg.max_num_batched_tokens, cfg.max_num_seqs,
+                                                   functools.partial(self._allocate_caches, cfg))
             peak = torch.cuda.max_memory_allocated(self.device) - base - cache_bytes
             torch.cuda.empty_cache()
             budget = cuda_cache_budget(cfg, self.device, used, peak)

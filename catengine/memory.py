@@ -41,7 +41,7 @@ class MemoryPlan:
     @property
     def num_state_slots(self) -> int:
         """Slots to allocate: live, snapshots, then the padding slot of the decode CUDA graphs."""
-        return self.num_live_slots + self.num_snapshot_slots + 1
+        return self.pad_state_slot + 1
 
     @property
     def pad_state_slot(self) -> int:

@@ -5,6 +5,8 @@ write, padding state slot, zeroed state) are what is checked here; tests/test_en
 real graphs."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -94,7 +96,7 @@ def test_warm_up_runs_on_throwaway_caches(tiny_model_dir):
     engine = _engine(tiny_model_dir, max_num_seqs=4)
     caches = engine.runner.caches
     before = [t.clone() for layer in caches.layers for t in vars(layer).values() if isinstance(t, torch.Tensor)]
-    seconds = engine.runner.warm_up(engine._throwaway_caches)
+    seconds = engine.runner.warm_up(functools.partial(engine._allocate_caches, engine.config))
     after = [t for layer in caches.layers for t in vars(layer).values() if isinstance(t, torch.Tensor)]
     assert seconds >= 0 and engine.runner.caches is caches
     assert all(torch.equal(a, b) for a, b in zip(before, after))
