@@ -269,14 +269,19 @@ def block_k(bk: int, group: int, k: int) -> int:
 
 
 # ---------------------------------------------------------------- entry point
-def w4a16_linear(x, weight: QuantizedWeight, bias=None):
-    """Triton twin of :func:`catengine.kernels.reference.w4a16_linear`."""
+def check_input(x, weight: QuantizedWeight) -> None:
+    """ConfigError unless x is fp16/bf16 with the weight's input features (every W4A16 entry point)."""
     if x.dtype not in (torch.float16, torch.bfloat16):
         raise ConfigError(f"w4a16_linear runs fp16/bf16 activations on CUDA, got {x.dtype}; "
                           "load the model with dtype float16 or bfloat16")
+    if x.shape[-1] != weight.in_features:
+        raise ConfigError(f"w4a16_linear: x has {x.shape[-1]} input features, the weight {weight.in_features}")
+
+
+def w4a16_linear(x, weight: QuantizedWeight, bias=None):
+    """Triton twin of :func:`catengine.kernels.reference.w4a16_linear`."""
+    check_input(x, weight)
     k, n = weight.in_features, weight.out_features
-    if x.shape[-1] != k:
-        raise ConfigError(f"w4a16_linear: x has {x.shape[-1]} input features, the weight {k}")
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:

@@ -70,12 +70,11 @@ def dequantize(weight: QuantizedWeight, dtype: torch.dtype | None = None) -> tor
 
 def w4a16_linear(x, weight: QuantizedWeight, bias=None):
     """Triton twin of :func:`catengine.kernels.reference.w4a16_linear`: the entry point for every M."""
+    w4a16.check_input(x, weight)
     rows = x.numel() // max(x.shape[-1], 1)
     key, _ = device_key(x.device)
-    if rows < DEQUANT_MIN_M[key] or x.dtype not in (torch.float16, torch.bfloat16):
+    if rows < DEQUANT_MIN_M[key]:
         return w4a16.w4a16_linear(x, weight, bias)
-    if x.shape[-1] != weight.in_features:
-        raise ConfigError(f"w4a16_linear: x has {x.shape[-1]} input features, the weight {weight.in_features}")
     w = dequantize(weight, x.dtype)
     y = torch.matmul(x, w)
     return y if bias is None else y.add_(bias.to(y.dtype))
