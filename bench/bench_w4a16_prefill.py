@@ -12,22 +12,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from bench_gemm import GROUP, random_qweight
 from common import bench_ms, copy_bandwidth_gbs, device_header, matmul_tflops, print_table
 
 from catengine.kernels import w4a16, w4a16_dequant
-from catengine.kernels.packing import QuantizedWeight, dequantize, pack_int4_along_k
+from catengine.kernels.packing import dequantize
 
 SHAPES = [("qkv 5120->14336", 5120, 14336), ("o_proj 6144->5120", 6144, 5120),
           ("gate_up 5120->34816", 5120, 34816), ("down 17408->5120", 17408, 5120)]
 MS = [256, 512, 1024, 2048, 4096, 8192]
-GROUP = 128
-
-
-def weight(k, n):
-    q = torch.randint(0, 16, (k, n), device="cuda")
-    s = ((torch.rand(k // GROUP, n, device="cuda") + 0.5) * 1e-2).half()
-    z = torch.randint(0, 16, (k // GROUP, n), device="cuda").half()
-    return QuantizedWeight(pack_int4_along_k(q), s, z, GROUP)
 
 
 def main() -> None:
@@ -36,7 +29,7 @@ def main() -> None:
     print(f"copy bandwidth {bw:.0f} GB/s, cuBLAS fp16 {peak:.0f} TFLOP/s (8192^3)")
     rows, deq_rows = [], []
     for name, k, n in SHAPES:
-        w = weight(k, n)
+        w = random_qweight(k, n, torch.float16, seed=k + n)
         dense = dequantize(w).t().contiguous()   # torch Linear layout [N, K]
         t_deq = bench_ms(lambda: w4a16_dequant.dequantize(w))
         moved = k * n // 2 + 2 * 2 * (k // GROUP) * n + 2 * k * n
