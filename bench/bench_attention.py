@@ -10,7 +10,8 @@ a CUDA graph of back-to-back calls that rotate over enough sequences to keep the
 L2. Prefill: one 8K prompt, one 32K prompt and 8 ragged ~4K prompts, causal TFLOP/s against torch
 ``scaled_dot_product_attention`` (flash backend, causal, K/V expanded to 24 heads) on the same data.
 Small ops: bytes moved over time against the copy bandwidth. ``--sweep`` first times alternative
-launch configurations (how the per-arch table rows were chosen). Kernels compile in parallel worker
+decode and qk_norm_rope launches (how the sm_90 table rows were chosen; the prefill rows came from
+an earlier sweep of the same kind). Kernels compile in parallel worker
 processes first (``--jobs``), so the timing phase only hits Triton's cache.
 """
 from __future__ import annotations
@@ -29,6 +30,7 @@ from common import bench_ms, copy_bandwidth_gbs, device_header, graph_ms, print_
 from catengine.kernels import kv_store, norm_rope, reference, sampler  # noqa: E402
 from catengine.kernels.kv_store import arch_of  # noqa: E402
 from catengine.kernels.attention import PREFILL, AttnLaunch, _paged_attention, table_launch  # noqa: E402
+from catengine.kernels.norm_rope import RowLaunch  # noqa: E402
 
 NH, NKV, D, BS = 24, 4, 256, 16
 TOKEN_BYTES = {torch.float16: NKV * D * 2 * 2, torch.uint8: NKV * D * 2}   # K + V per token
@@ -37,12 +39,17 @@ KV_LIMIT = 40e9
 ROTATE_BYTES = 200e6
 PREFILL_CASES = {"1 x 8K": [8192], "1 x 32K": [32768], "8 x ~4K ragged": [3584, 4608, 3840, 4352, 4096, 3968,
                                                                            4224, 4096]}
-SWEEP_DECODE = [AttnLaunch(16, 64, 4, 3, False, 2), AttnLaunch(16, 128, 4, 3, False, 2),
-                AttnLaunch(16, 32, 4, 4, False, 2), AttnLaunch(16, 64, 8, 3, False, 1),
-                AttnLaunch(16, 128, 8, 2, False, 1)]
-SWEEP_DECODE_SHAPES = ((1, 131072), (8, 32768), (32, 8192), (64, 1024))
-SWEEP_PREFILL = [AttnLaunch(128, 64, 8, 2, True), AttnLaunch(128, 64, 8, 3, True), AttnLaunch(128, 32, 8, 3, True),
-                 AttnLaunch(64, 64, 8, 2, True), AttnLaunch(128, 128, 8, 2, True)]
+# per KV dtype: the sm_90 table row first; num_stages 5 double-buffers the K/V tiles behind the
+# page-table load (3-4 buffer only the table), 8 warps, 2 waves of splits (ctas_per_sm 4), and
+# ctas_per_sm as registers / shared memory allow (ptxas -v of Triton 3.9 for sm_90)
+SWEEP_DECODE = {
+    torch.float16: [AttnLaunch(16, 32, 4, 5, False, 2), AttnLaunch(16, 32, 8, 5, False, 2),
+                    AttnLaunch(16, 32, 4, 5, False, 4), AttnLaunch(16, 64, 4, 3, False, 2)],
+    torch.uint8: [AttnLaunch(16, 128, 4, 3, False, 2), AttnLaunch(16, 64, 4, 5, False, 2),
+                  AttnLaunch(16, 32, 4, 5, False, 3), AttnLaunch(16, 64, 8, 5, False, 1)],
+}
+SWEEP_DECODE_SHAPES = ((1, 131072), (1, 32768), (8, 8192), (32, 32768), (64, 1024))
+SWEEP_QK = [RowLaunch(4, 32), RowLaunch(4, 16), RowLaunch(4, 8), RowLaunch(2, 4)]
 
 
 # ----------------------------------------------------------------------------- data
@@ -248,28 +255,63 @@ def _timed(fn) -> float | str:
 
 
 def _short(cfg: AttnLaunch) -> str:
-    return f"M{cfg.block_m} N{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} ctas/SM {cfg.ctas_per_sm}"
+    two = " 2-phase" if cfg.two_phase else ""
+    return f"M{cfg.block_m} N{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} ctas/SM {cfg.ctas_per_sm}{two}"
 
 
-def sweep():
+def sweep(copy_gbs):
     rows = []
     for kv in (torch.float16, torch.uint8):
         pool = make_pool(kv, 131072 * 8 // BS)
         for b, ctx in SWEEP_DECODE_SHAPES:
             gb = b * ctx * TOKEN_BYTES[kv] / 1e9
-            for cfg in SWEEP_DECODE:
+            for cfg in SWEEP_DECODE[kv]:
                 us = _timed(lambda: graph_ms(decode_calls(pool, b, ctx, cfg)) * 1e3)  # noqa: B023 - called now
                 rows.append(["decode", "e5m2" if kv == torch.uint8 else "fp16", f"{b} x {ctx}", _short(cfg), us,
-                             gb / (us * 1e-6) if isinstance(us, float) else ""])
+                             gb / (us * 1e-6) / copy_gbs if isinstance(us, float) else ""])
         pool = None
         torch.cuda.empty_cache()
-    flops = 4 * D * NH * 8192 * 8193 / 2
-    for cfg in SWEEP_PREFILL:
-        us = _timed(lambda: bench_ms(prefill_setup([8192], torch.float16, cfg)[0]) * 1e3)
-        rows.append(["prefill", "fp16", "1 x 8K", _short(cfg), us,
-                     f"{flops / (us * 1e-6) / 1e12:.0f} TFLOP/s" if isinstance(us, float) else ""])
-    print_table("launch sweep (us per call; GB/s of KV read, or prefill TFLOP/s)",
-                ["kernel", "KV", "shape", "launch", "us", "rate"], rows)
+    t = 8192
+    qg = torch.randn(t, NH, 2 * D, device="cuda", dtype=torch.float16)
+    k = torch.randn(t, NKV, D, device="cuda", dtype=torch.float16)
+    w = torch.randn(D, device="cuda", dtype=torch.float16) * 0.1
+    cs = reference.rope_cos_sin_cache(262144, 64, 1e7, device="cuda")
+    pos = torch.randint(0, 262144, (t,), device="cuda")
+    nbytes = 2 * t * (NH + NKV) * D * 2 + t * 64 * 4
+    for cfg in SWEEP_QK:
+        us = _timed(lambda: bench_ms(lambda: norm_rope._qk_norm_rope(qg[..., :D], k, w, w, pos, cs, 1e-6,  # noqa
+                                                                       cfg=cfg)) * 1e3)  # noqa: B023
+        rows.append(["qk_norm_rope", "", f"{t} x 28 x {D}", f"w{cfg.num_warps} rows {cfg.block_r}", us,
+                     nbytes / (us * 1e-6) / 1e9 / copy_gbs if isinstance(us, float) else ""])
+    print_table("launch sweep (us per call; rate = fraction of copy bandwidth)",
+                ["kernel", "KV", "shape", "launch", "us", "of copy BW"], rows)
+    err = _timed(print_compiled)
+    if err:
+        print("compiled-kernel listing", err)
+
+
+def print_compiled():
+    """Registers, spills, shared memory and pipelined buffers of every compiled decode kernel: the
+    ctas_per_sm of a table row must match what this Triton build made of it."""
+    import re
+
+    from catengine.kernels.attention import _paged_attn_kernel
+    rows = []
+    for fn in (_paged_attn_kernel,):
+        try:
+            caches = [c[0] if isinstance(c, tuple) else c for c in fn.device_caches.values()]
+            kernels = [k for c in caches for k in c.values()]
+        except Exception as e:  # noqa: BLE001 - Triton-version internals: report, do not fail the bench
+            print("cannot list compiled kernels:", type(e).__name__, e)
+            return
+        for k in kernels:
+            ttgir = k.asm.get("ttgir", "")
+            bufs = ",".join(sorted(set(re.findall(r"local_alloc : \(\) -> !ttg.memdesc<(\d+x\d+x\d+x\w+)", ttgir))))
+            tiles = re.findall(r"(?:tt.dot|warp_group_dot) .*?-> tensor<(\d+x\d+)", ttgir)
+            rows.append([fn.__name__, k.metadata.num_warps, k.metadata.num_stages, getattr(k, "n_regs", ""),
+                         getattr(k, "n_spills", ""), k.metadata.shared, bufs, " ".join(sorted(set(tiles)))])
+    print_table("compiled attention kernels", ["kernel", "warps", "stages", "regs", "spills", "shared", "buffers",
+                                               "dot outputs"], rows)
 
 
 def main():
@@ -281,12 +323,13 @@ def main():
     args = ap.parse_args()
     only = set(filter(None, args.only.split(",")))
     arch = arch_of(torch.device("cuda"))
-    specs = [("decode", v) for v in decode_variants(64)]
-    specs += [("prefill", ([4096, 100], kv, None)) for kv in (torch.float16, torch.uint8)]
-    if args.sweep:
-        specs += [("decode", (kv, b, ctx, cfg)) for kv in (torch.float16, torch.uint8) for cfg in SWEEP_DECODE
-                  for b, ctx in SWEEP_DECODE_SHAPES]
-        specs += [("prefill", ([4096, 100], torch.float16, cfg)) for cfg in SWEEP_PREFILL]
+    specs = [("decode", v) for v in decode_variants(64)] if not only or "decode" in only else []
+    if not only or "prefill" in only:
+        specs += [("prefill", ([4096, 100], kv, None)) for kv in (torch.float16, torch.uint8)]
+    if args.sweep and (not only or "sweep" in only):
+        # one split and one unsplit shape per launch: every compiled variant the sweep times
+        specs += [("decode", (kv, b, ctx, cfg)) for kv in (torch.float16, torch.uint8) for cfg in SWEEP_DECODE[kv]
+                  for b, ctx in ((1, 131072), (64, 8192))]
     precompile(specs, args.jobs)
     print(device_header(), f"| d256 rows of the sm_{arch} tables: decode fp16 "
           f"{_short(table_launch(arch, 256, True, False))}, decode e5m2 {_short(table_launch(arch, 256, True, True))}, "
@@ -294,7 +337,7 @@ def main():
     copy_gbs = copy_bandwidth_gbs()
     t0 = time.time()
     if args.sweep and (not only or "sweep" in only):
-        sweep()
+        sweep(copy_gbs)
     if not only or "decode" in only:
         bench_decode(copy_gbs, args.quick)
     if not only or "prefill" in only:

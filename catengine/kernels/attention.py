@@ -12,7 +12,9 @@ One kernel body, two launch shapes picked by ``max_query_len``:
   sequence's KV range is cut into ``splits`` pieces so that a small batch still fills the GPU; a
   second kernel combines the pieces' (unnormalised output, max, sum) rows.
 
-Pages are gathered per key row (``block_tables[b, pos // block_size]``), so any block size works.
+Pages are gathered per key row (``block_tables[b, pos // block_size]``), so any block size works; it
+is a compile-time constant, as a run-time divisor cost each key row a division sequence (the gather
+was 15% of the decode loop's instructions).
 fp8 e5m2 caches are read as int16 byte pairs and widened exactly by shifts (even and odd head dims
 separately); the math is fp32 with the dot operands in q's dtype; the optional sigmoid gate is
 applied in the epilogue.
@@ -28,41 +30,14 @@ import triton.language as tl
 from ..errors import ConfigError
 from .aot import AotConfig
 from .arch import arch_from_cc, arch_of
+from .attention_decode import _e5m2_pair, _kv_tile, _split_reduce_kernel
 from .attention_launch import DECODE, DECODE_E5M2, PREFILL, AttnLaunch, decode_warps, num_decode_splits, table_launch
 
 DECODE_MAX_QUERY = 8          # up to this many new tokens per sequence use the split-KV decode launch
 _LOG2E = 1.4426950408889634
 _INTERPRETER_SMS = 4          # CPU (interpreter) stand-in for the SM count: small splits in tests
-REDUCE_BLOCK_S = 16
-
-
-@triton.jit
-def _kv_tile(cache, p_table, o_n, m_n, kvh, o_d, BS, stride_b, stride_s, stride_h, MASK: tl.constexpr):
-    """[BLOCK_N, len(o_d)] raw cache elements of the keys or values at positions o_n, gathered per row."""
-    if MASK:
-        # [BLOCK_N]
-        b_page = tl.load(p_table + o_n // BS, mask=m_n, other=0)
-    else:
-        # [BLOCK_N]
-        b_page = tl.load(p_table + o_n // BS)
-    p_x = cache + b_page.to(tl.int64) * stride_b + (o_n % BS) * stride_s + kvh * stride_h
-    if MASK:
-        # [BLOCK_N, len(o_d)]
-        b_x = tl.load(p_x[:, None] + o_d[None, :], mask=m_n[:, None], other=0)
-    else:
-        # [BLOCK_N, len(o_d)]
-        b_x = tl.load(p_x[:, None] + o_d[None, :])
-    return b_x
-
-
-@triton.jit
-def _e5m2_pair(b_x, dtype):
-    """int16 words holding two e5m2 bytes -> (even, odd) elements, exactly (an e5m2 byte is the top
-    byte of an fp16). Kept 16-bit wide so the dot operands load from shared memory with ldmatrix."""
-    b_u = b_x.to(tl.uint16, bitcast=True)
-    b_lo = (b_u << 8).to(tl.uint16).to(tl.float16, bitcast=True).to(dtype)
-    b_hi = (b_u & 0xFF00).to(tl.uint16).to(tl.float16, bitcast=True).to(dtype)
-    return b_lo, b_hi
+REDUCE_BLOCK_S, REDUCE_BLOCK_D = 64, 64   # splits per round trip, output dims per program
+BLOCK_SIZE = 16               # the engine's default KV block size (EngineConfig.block_size), built ahead of time
 
 
 @triton.jit
@@ -115,7 +90,7 @@ def _attend(acc, acc2, l_i, m_i, b_q, b_q2, k_cache, v_cache, p_table, kvh, pos,
 
 @triton.jit
 def _paged_attn_kernel(q, k_cache, v_cache, out, gate, part_o, part_ml, block_tables, seq_lens,
-                       query_start_loc, qk_scale, NKV, G, TOK, NUM_QT, NUM_SPLITS, BS,
+                       query_start_loc, qk_scale, NKV, G, TOK, NUM_QT, NUM_SPLITS, BS: tl.constexpr,
                        stride_qt, stride_qh, stride_ot, stride_oh, stride_gt, stride_gh,
                        stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
                        D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr,
@@ -192,42 +167,6 @@ def _paged_attn_kernel(q, k_cache, v_cache, out, gate, part_o, part_ml, block_ta
             b_o = b_o * tl.sigmoid(b_g)
         tl.store(out + tok[:, None] * stride_ot + hq[:, None] * stride_oh + o_d[None, :],
                  b_o.to(out.dtype.element_ty), mask=m_row[:, None])
-
-
-@triton.jit
-def _split_reduce_kernel(part_o, part_ml, out, gate, NH, NUM_SPLITS,
-                         stride_ot, stride_oh, stride_gt, stride_gh,
-                         D: tl.constexpr, BLOCK_S: tl.constexpr, HAS_GATE: tl.constexpr):
-    i_t = tl.program_id(0)
-    i_h = tl.program_id(1)
-    row0 = (i_t.to(tl.int64) * NH + i_h) * NUM_SPLITS
-    o_s = tl.arange(0, BLOCK_S)
-    o_d = tl.arange(0, D)
-    m_max = tl.full([BLOCK_S], -1e30, tl.float32)
-    for s0 in range(0, NUM_SPLITS, BLOCK_S):
-        # [BLOCK_S]
-        b_m = tl.load(part_ml + (row0 + s0 + o_s) * 2, mask=s0 + o_s < NUM_SPLITS, other=-1e30)
-        m_max = tl.maximum(m_max, b_m)
-    m_all = tl.max(m_max, 0)
-    acc = tl.zeros([D], tl.float32)
-    l_sum = tl.zeros([BLOCK_S], tl.float32)
-    for s0 in range(0, NUM_SPLITS, BLOCK_S):
-        m_s = s0 + o_s < NUM_SPLITS
-        # [BLOCK_S]
-        b_m = tl.load(part_ml + (row0 + s0 + o_s) * 2, mask=m_s, other=-1e30)
-        # [BLOCK_S]
-        b_l = tl.load(part_ml + (row0 + s0 + o_s) * 2 + 1, mask=m_s, other=0.0)
-        w = tl.where(m_s, tl.exp2(b_m - m_all), 0.0)
-        # [BLOCK_S, D]
-        b_o = tl.load(part_o + (row0 + s0 + o_s)[:, None] * D + o_d[None, :], mask=m_s[:, None], other=0.0)
-        acc += tl.sum(b_o * w[:, None], 0)
-        l_sum += b_l * w
-    b_out = acc / tl.sum(l_sum, 0)
-    if HAS_GATE:
-        # [D]
-        b_g = tl.load(gate + i_t.to(tl.int64) * stride_gt + i_h * stride_gh + o_d).to(tl.float32)
-        b_out = b_out * tl.sigmoid(b_g)
-    tl.store(out + i_t.to(tl.int64) * stride_ot + i_h * stride_oh + o_d, b_out.to(out.dtype.element_ty))
 
 
 @functools.cache
@@ -312,9 +251,10 @@ def _paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_lo
         D=d, BLOCK_M=block_m, BLOCK_N=cfg.block_n, FP8=fp8, HAS_GATE=has_gate, SPLIT=split,
         TWO_PHASE=cfg.two_phase, num_warps=num_warps, num_stages=cfg.num_stages)
     if split:
-        _split_reduce_kernel[(t, nh)](
+        _split_reduce_kernel[(t, nh, d // REDUCE_BLOCK_D)](
             part_o, part_ml, out, g_arg, nh, num_splits, out.stride(0), out.stride(1),
-            g_arg.stride(0), g_arg.stride(1), D=d, BLOCK_S=REDUCE_BLOCK_S, HAS_GATE=has_gate, num_warps=4)
+            g_arg.stride(0), g_arg.stride(1), D=d, BLOCK_S=REDUCE_BLOCK_S, BLOCK_D=REDUCE_BLOCK_D,
+            HAS_GATE=has_gate, num_warps=4)
     return out
 
 
@@ -326,25 +266,25 @@ def _attn_signature(act: str, kv: str) -> dict:
     sig = {"q": f"*{act}", "k_cache": f"*{kv}", "v_cache": f"*{kv}", "out": f"*{act}", "gate": f"*{act}",
            "part_o": "*fp32", "part_ml": "*fp32", "block_tables": "*i32", "seq_lens": "*i32",
            "query_start_loc": "*i32", "qk_scale": "fp32"}
-    for name in ("NKV", "G", "TOK", "NUM_QT", "NUM_SPLITS", "BS", "stride_qt", "stride_qh", "stride_ot",
+    for name in ("NKV", "G", "TOK", "NUM_QT", "NUM_SPLITS", "stride_qt", "stride_qh", "stride_ot",
                  "stride_oh", "stride_gt", "stride_gh", "stride_kb", "stride_ks", "stride_kh", "stride_vb",
                  "stride_vs", "stride_vh", "stride_bt"):
         sig[name] = "i32"
-    sig.update({c: "constexpr" for c in ("D", "BLOCK_M", "BLOCK_N", "FP8", "HAS_GATE", "SPLIT", "TWO_PHASE")})
+    sig.update({c: "constexpr" for c in ("BS", "D", "BLOCK_M", "BLOCK_N", "FP8", "HAS_GATE", "SPLIT", "TWO_PHASE")})
     return sig
 
 
 def aot_configs(cc: int) -> list[AotConfig]:
     """Every table row, for the gated Qwen3.5 layer in the arch's model dtype (fp16 on sm_70, bf16 on
-    sm_80+), with the model-dtype cache and, for d = 256, the e5m2 cache; decode also in its
-    speculative (4 tokens x 6 heads -> 32 rows) and unsplit shapes."""
+    sm_80+) and the engine's default block size, with the model-dtype cache and, for d = 256, the e5m2
+    cache; decode also in its speculative (4 tokens x 6 heads -> 32 rows) and unsplit shapes."""
     arch = arch_from_cc(cc)
     act = "fp16" if arch == 70 else "bf16"
     out = []
 
     def add(c: AttnLaunch, kv: str, d: int, bm: int, split: bool, name: str):
-        consts = dict(D=d, BLOCK_M=bm, BLOCK_N=c.block_n, FP8=kv == "u8", HAS_GATE=True, SPLIT=split,
-                      TWO_PHASE=c.two_phase)
+        consts = dict(BS=BLOCK_SIZE, D=d, BLOCK_M=bm, BLOCK_N=c.block_n, FP8=kv == "u8", HAS_GATE=True,
+                      SPLIT=split, TWO_PHASE=c.two_phase)
         warps = c.num_warps if name == "prefill" else decode_warps(c, bm)
         out.append(AotConfig("_paged_attn_kernel", _attn_signature(act, kv), consts, warps, c.num_stages,
                              f"{name} d{d} kv {kv} rows {bm} split {split}"))
@@ -358,9 +298,9 @@ def aot_configs(cc: int) -> list[AotConfig]:
                 add(c, kv, d, bm, split, "decode")
         sig = {"part_o": "*fp32", "part_ml": "*fp32", "out": f"*{act}", "gate": f"*{act}"}
         sig.update({n: "i32" for n in ("NH", "NUM_SPLITS", "stride_ot", "stride_oh", "stride_gt", "stride_gh")})
-        sig.update(D="constexpr", BLOCK_S="constexpr", HAS_GATE="constexpr")
-        out.append(AotConfig("_split_reduce_kernel", sig, dict(D=d, BLOCK_S=REDUCE_BLOCK_S, HAS_GATE=True),
-                             4, 1, f"split reduce d{d}"))
+        sig.update(D="constexpr", BLOCK_S="constexpr", BLOCK_D="constexpr", HAS_GATE="constexpr")
+        out.append(AotConfig("_split_reduce_kernel", sig, dict(D=d, BLOCK_S=REDUCE_BLOCK_S, BLOCK_D=REDUCE_BLOCK_D,
+                                                                HAS_GATE=True), 4, 1, f"split reduce d{d}"))
     return out
 
 

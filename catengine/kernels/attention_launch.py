@@ -28,7 +28,12 @@ class AttnLaunch:
 # lowered to FMA, which hold whole operand fragments in registers: 8 warps and short key tiles keep
 # them under 255 registers (bigger tiles spill kilobytes per thread; checked with ptxas -v). The
 # sm_80 row also serves sm_86/89 (99 KB of shared memory per block). sm_90: from the launch sweep
-# of bench/bench_attention.py on an H200.
+# of bench/bench_attention.py on an H200. Decode pipelines the page-table load one stage ahead of
+# the K/V tiles it addresses, so num_stages 3-4 leave a single K/V buffer (the next tile's copy
+# starts only after this tile's MMAs) and 5 double-buffers them: fp16 d256 N32 s5 reached 0.90 /
+# 0.76 / 0.80 / 1.06 of copy bandwidth at 1x128K / 8x8K / 64x1K / 32x32K where N64 s3 reached 0.84 /
+# 0.72 / 0.76 / 0.99. e5m2 keeps N128 s3 (spills 22 registers on Triton 3.6, yet best from 32K
+# tokens per sequence up: 0.81 at 32x32K against 0.74 for N64 s5 or N32 s5, within 6% below).
 PREFILL = {
     (70, 64): AttnLaunch(64, 32, 8, 1), (70, 128): AttnLaunch(64, 16, 8, 1), (70, 256): AttnLaunch(32, 16, 8, 1),
     (80, 64): AttnLaunch(64, 64, 4, 2, True), (80, 128): AttnLaunch(128, 64, 8, 2, True),
@@ -41,9 +46,8 @@ DECODE = {
     (80, 64): AttnLaunch(16, 64, 4, 2, False, 2), (80, 128): AttnLaunch(16, 64, 4, 2, False, 2),
     (80, 256): AttnLaunch(16, 64, 4, 2, False, 2),
     (90, 64): AttnLaunch(16, 128, 4, 3, False, 2), (90, 128): AttnLaunch(16, 64, 4, 3, False, 2),
-    (90, 256): AttnLaunch(16, 64, 4, 3, False, 2),
+    (90, 256): AttnLaunch(16, 32, 4, 5, False, 2),
 }
-# e5m2 tiles are half the bytes: longer ones keep as many bytes in flight
 DECODE_E5M2 = {(90, 256): AttnLaunch(16, 128, 4, 3, False, 2)}
 
 

@@ -142,6 +142,19 @@ def test_gpu_decode_real_shape(kv_dtype, q_len):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.uint8], ids=["fp16", "e5m2"])
+@pytest.mark.parametrize("cfg", [AttnLaunch(16, 32, 8, 5, False, 2), AttnLaunch(16, 32, 4, 5, True, 3),
+                                 AttnLaunch(16, 64, 8, 5, False, 1)], ids=str)
+def test_gpu_decode_launch_candidates(kv_dtype, cfg):
+    """Decode launches the benchmark's sweep compares (deeper pipelines, both loop shapes), real shape."""
+    seq = [33000, 700, 5, 9000, 16, 130, 4100, 2]
+    case = make_case([min(2, s) for s in seq], seq, bs=16, kv_dtype=kv_dtype,
+                     gen=torch.Generator().manual_seed(11), **QWEN27B)
+    got, want = run_both(case, cfg=cfg)
+    assert_close(got, want, torch.float16)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("kv_dtype", [torch.float16, torch.uint8, torch.bfloat16], ids=["fp16", "e5m2", "bf16"])
 def test_gpu_prefill_real_shape(kv_dtype):
     dtype = torch.bfloat16 if kv_dtype == torch.bfloat16 else torch.float16

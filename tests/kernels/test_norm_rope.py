@@ -71,8 +71,10 @@ def test_silu_mul(dtype, t, inter):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("nh,nkv,d,rot", [(6, 2, 64, 16), (4, 1, 32, 32), (3, 3, 128, 32)])
-def test_qk_norm_rope(dtype, nh, nkv, d, rot):
+@pytest.mark.parametrize("nh,nkv,d,rot,arch", [(6, 2, 64, 16, None), (4, 1, 32, 32, None), (3, 3, 128, 32, None),
+                                               (6, 2, 64, 16, 70), (6, 2, 64, 16, 90)])
+def test_qk_norm_rope(dtype, nh, nkv, d, rot, arch):
+    """arch: that table row's launch (rows per program over a partial last program), not the device's."""
     gen = torch.Generator().manual_seed(nh * d + rot)
     t = 5
     # q as the per-head [q | gate] interleave of q_proj's output: a strided view
@@ -82,7 +84,9 @@ def test_qk_norm_rope(dtype, nh, nkv, d, rot):
     cs = ref.rope_cos_sin_cache(4096, rot, 1e7)
     pos = torch.tensor([0, 7, 4095, 1000, 3], dtype=torch.int64)
     want_q, want_k = ref.qk_norm_rope(q, k, qw, kw, pos, cs, 1e-6)
-    got_q, got_k = tri.qk_norm_rope(q.to(DEV), k.to(DEV), qw.to(DEV), kw.to(DEV), pos.to(DEV), cs.to(DEV), 1e-6)
+    cfg = tri.TABLE[arch]["qk"] if arch else None
+    got_q, got_k = tri._qk_norm_rope(q.to(DEV), k.to(DEV), qw.to(DEV), kw.to(DEV), pos.to(DEV), cs.to(DEV), 1e-6,
+                                     cfg=cfg)
     _close(got_q, want_q, dtype, "qk_norm_rope q")
     _close(got_k, want_k, dtype, "qk_norm_rope k")
 

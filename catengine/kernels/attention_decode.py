@@ -1,0 +1,72 @@
+"""Pieces of the paged attention kernels (:mod:`catengine.kernels.attention`) split from that file: the
+paged K/V tile gather, the exact e5m2 widening, and the pass that combines split-KV decode partials.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _kv_tile(cache, p_table, o_n, m_n, kvh, o_d, BS, stride_b, stride_s, stride_h, MASK: tl.constexpr):
+    """[BLOCK_N, len(o_d)] raw cache elements of the keys or values at positions o_n, gathered per row."""
+    if MASK:
+        # [BLOCK_N]
+        b_page = tl.load(p_table + o_n // BS, mask=m_n, other=0)
+    else:
+        # [BLOCK_N]
+        b_page = tl.load(p_table + o_n // BS)
+    p_x = cache + b_page.to(tl.int64) * stride_b + (o_n % BS) * stride_s + kvh * stride_h
+    if MASK:
+        # [BLOCK_N, len(o_d)]
+        b_x = tl.load(p_x[:, None] + o_d[None, :], mask=m_n[:, None], other=0)
+    else:
+        # [BLOCK_N, len(o_d)]
+        b_x = tl.load(p_x[:, None] + o_d[None, :])
+    return b_x
+
+
+@triton.jit
+def _e5m2_pair(b_x, dtype):
+    """int16 words holding two e5m2 bytes -> (even, odd) elements, exactly (an e5m2 byte is the top
+    byte of an fp16). Kept 16-bit wide so the dot operands load from shared memory with ldmatrix."""
+    b_u = b_x.to(tl.uint16, bitcast=True)
+    b_lo = (b_u << 8).to(tl.uint16).to(tl.float16, bitcast=True).to(dtype)
+    b_hi = (b_u & 0xFF00).to(tl.uint16).to(tl.float16, bitcast=True).to(dtype)
+    return b_lo, b_hi
+
+
+@triton.jit
+def _split_reduce_kernel(part_o, part_ml, out, gate, NH, NUM_SPLITS, stride_ot, stride_oh, stride_gt, stride_gh,
+                         D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HAS_GATE: tl.constexpr):
+    """One (token, head, dims slice) per program, one pass over the splits with a running max: up to
+    BLOCK_S splits are one round trip to memory, and the dims slices give a batch of 1 enough programs."""
+    i_t = tl.program_id(0).to(tl.int64)
+    i_h = tl.program_id(1)
+    row0 = (i_t * NH + i_h) * NUM_SPLITS
+    o_s = tl.arange(0, BLOCK_S)
+    o_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
+    m_all = tl.full([1], -1e30, tl.float32)
+    l_all = tl.zeros([1], tl.float32)
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    for s0 in range(0, NUM_SPLITS, BLOCK_S):
+        m_s = s0 + o_s < NUM_SPLITS
+        # [BLOCK_S]
+        b_m = tl.load(part_ml + (row0 + s0 + o_s) * 2, mask=m_s, other=-1e30)
+        # [BLOCK_S]
+        b_l = tl.load(part_ml + (row0 + s0 + o_s) * 2 + 1, mask=m_s, other=0.0)
+        # [BLOCK_S, BLOCK_D]
+        b_o = tl.load(part_o + (row0 + s0 + o_s)[:, None] * D + o_d[None, :], mask=m_s[:, None], other=0.0)
+        m_new = tl.maximum(m_all, tl.max(b_m, 0))
+        alpha = tl.exp2(m_all - m_new)
+        # empty splits carry (acc 0, l 0): any finite weight leaves them neutral
+        w = tl.exp2(b_m - m_new)
+        acc = acc * alpha + tl.sum(b_o * w[:, None], 0)
+        l_all = l_all * alpha + tl.sum(b_l * w, 0)
+        m_all = m_new
+    b_out = acc / tl.where(l_all > 0, l_all, 1.0)
+    if HAS_GATE:
+        # [BLOCK_D]
+        b_g = tl.load(gate + i_t * stride_gt + i_h * stride_gh + o_d).to(tl.float32)
+        b_out = b_out * tl.sigmoid(b_g)
+    tl.store(out + i_t * stride_ot + i_h * stride_oh + o_d, b_out.to(out.dtype.element_ty))
