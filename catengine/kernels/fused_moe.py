@@ -3,8 +3,13 @@ the token alignment are in :mod:`catengine.kernels.moe_route`.
 
 Two paths, picked by the number of (token, expert) rows T * top_k against the table's row_max:
 
-- rows (decode): no sorting at all. ``_moe_up_row_kernel`` runs one program per (row, column tile):
-  it reads only that row's expert, computes gate and up, and stores ``silu(gate) * up``.
+- decode, W4A16 experts (table entry ``decode``): :mod:`catengine.kernels.fused_moe_decode`, the
+  chosen experts cut along N and K into one-tile GEMV programs, two launches with in-kernel
+  split-K reduces (the weighted combine in the second), the second a programmatic dependent launch
+  on sm_90 (``decode_pdl``).
+- rows (decode, dense experts; W4A16 too where ``decode`` is None): no sorting at all.
+  ``_moe_up_row_kernel`` runs one program per (row, column tile): it reads only that row's expert,
+  computes gate and up, and stores ``silu(gate) * up``.
   ``_moe_down_row_kernel`` treats a token's top_k experts as one K dimension of length top_k * I
   (K-block b belongs to expert slot b // (I / BK)), so a single GEMV-style pass applies the routing
   weights and sums the experts in a fixed order: two launches, no atomics, only chosen experts read.
@@ -26,6 +31,9 @@ from ..errors import ConfigError
 from .aot import AotConfig
 from .packing import QuantizedWeight
 from .arch import arch_key, device_key
+# the decode kernels are named here too: aot.py looks each configuration's kernel up in this module
+from .fused_moe_decode import _moe_down_decode_kernel, _moe_up_decode_kernel  # noqa: F401
+from .fused_moe_decode import decode_aot_configs, moe_decode
 from .moe_route import align_tokens
 from .w4a16 import (INTERPRET, REDUCE_BLOCK, GemmConfig, GemvConfig, _splitk_reduce_kernel, block_k, dequant_tile,
                     gemv_block_k, mma, pick_split)
@@ -240,27 +248,34 @@ class MoeTable:
     up_row: GemvConfig          # waves unused: the up pass cannot split K (SiLU needs the full sum)
     down_row: GemvConfig
     gemm: tuple                 # ((max rows per expert on average, GemmConfig), ...) ascending
+    decode: tuple | None = None     # W4A16 rows <= row_max: (up, down) GemvConfig of fused_moe_decode
+    decode_pdl: int = 0             # programmatic dependent launch (sm_90 on): 1 the down kernel, 2 both
 
 
 # Row kernels: wide K tiles put a program's bytes in flight at once (their loads are not pipelined);
 # the down pass splits the token's top_k * I rows over programs. sm_90's GEMM tiles stay under its
 # 227 KB of shared memory with dense experts too (two weight tiles per stage in the gate_up pass).
-# The sm_90 choices come from bench/bench_gemm.py --sweep on an H200.
+# The sm_90 choices come from bench/bench_gemm.py --sweep on an H200. W4A16 decode (--moe-only): the
+# dense GEMV's 64 x 512 tile in both passes, split toward 16 waves, the down kernel a programmatic
+# dependent launch: 12.8 us for one token against 15.5 for the row kernels (decode=None). Unsplit
+# passes (16 columns x all of K a program, the down pass as one tile of all top_k experts' rows)
+# measured 16.7-21.4 us (sm_70/sm_80 take the tiles unmeasured, without PDL, which needs sm_90).
+_DECODE = (GemvConfig(64, 512, 4, 1, 16), GemvConfig(64, 512, 4, 1, 16))
 TABLES = {
     "sm70": MoeTable(32, GemvConfig(16, 512, 4, 1, 1), GemvConfig(32, 512, 4, 1, 4), (
         (16, GemmConfig(16, 64, 64, 4, 1)),
         (1 << 30, GemmConfig(64, 64, 32, 4, 2)),
-    )),
+    ), _DECODE),
     "sm80": MoeTable(32, GemvConfig(16, 512, 4, 1, 1), GemvConfig(32, 512, 4, 1, 4), (
         (16, GemmConfig(16, 64, 64, 4, 3)),
         (64, GemmConfig(64, 64, 64, 4, 3)),
         (1 << 30, GemmConfig(128, 128, 32, 8, 3)),
-    )),
+    ), _DECODE),
     "sm90": MoeTable(32, GemvConfig(16, 1024, 4, 1, 1), GemvConfig(32, 512, 4, 1, 2), (
         (16, GemmConfig(16, 64, 64, 4, 4)),
         (64, GemmConfig(64, 128, 64, 4, 3)),
         (1 << 30, GemmConfig(128, 128, 64, 8, 3)),
-    )),
+    ), _DECODE, decode_pdl=1),
 }
 
 
@@ -303,6 +318,8 @@ def fused_moe(x, w13, w2, topk_weights, topk_ids):
     w2_q, w2_s, w2_z, g2 = _weights(w2, quant)
     key, sms = device_key(x.device)
     table = TABLES[key]
+    if quant and t * top_k <= table.row_max and table.decode is not None:
+        return moe_decode(x, w13, w2, tw, ids, *table.decode, sms, table.row_max, table.decode_pdl)
     h = torch.empty((t * top_k, inter), dtype=x.dtype, device=x.device)
     if t * top_k <= table.row_max:
         c = table.up_row
@@ -389,4 +406,6 @@ def aot_configs(cc: int) -> list[AotConfig]:
         ty = {"logit_ptr": f"*{dt}", "w_ptr": "*fp32", "id_ptr": "*i32", "T": "i32", "E": "i32", "H": "i32",
               "y_ptr": f"*{dt}", "out_ptr": f"*{dt}"}
         out.append(_cfg("_combine_kernel", ty, dict(TOPK=8, BLOCK=REDUCE_BLOCK), 4, 1, f"combine {dt}"))
+    if table.decode is not None:
+        out += decode_aot_configs(cc, *table.decode, table.decode_pdl)
     return out

@@ -1,15 +1,19 @@
 """MoE routing and routed experts (catengine.kernels.fused_moe) against their torch twins.
 
-CPU: the Triton interpreter on tiny shapes: the row path (decode) and the sorted path with each GEMM
-tile height of the table, quantised (asymmetric and symmetric zeros, each group size) and dense
-experts, fp16 and bf16, experts that receive no token, feature counts that are not multiples of the
-tiles. GPU (-m gpu): Qwen3.6-35B-A3B's MoE (E 256, top-8, I 512, H 2048).
+CPU: the Triton interpreter on tiny shapes: the W4A16 decode path (catengine.kernels.fused_moe_decode,
+split and unsplit K, its arrival counters), the row path (dense experts, and W4A16 without a decode
+entry) and the sorted path with each GEMM tile height of the table, quantised (asymmetric and
+symmetric zeros, each group size) and dense experts, fp16 and bf16, experts that receive no token,
+feature counts that are not multiples of the tiles. GPU (-m gpu): Qwen3.6-35B-A3B's MoE (E 256, top-8,
+I 512, H 2048), the decode path replayed from a CUDA graph, with programmatic dependent launches.
 
 Tolerance on ||y - ref|| / ||ref||: the twin keeps the intermediate silu(gate) * up in fp32, the
 kernels store it in the activation dtype (it feeds a tensor-core product), and the sorted path also
 stores each expert's weighted output in that dtype before the top-k sum. Each adds one rounding of
 the activation dtype on top of the output's: 2e-3 for fp16, 1.5e-2 for bf16 (8 significant bits,
-three roundings of ~2e-3 rms each plus the dequantised weights' one).
+three roundings of ~2e-3 rms each plus the dequantised weights' one). The fp16 decode path on CUDA
+also rounds the dense GEMV's half2 products (test_w4a16.py): 6.6e-4 to 6.9e-4 measured at the real
+shape, inside the same bound.
 """
 import dataclasses
 
@@ -103,12 +107,51 @@ def test_rows(quant, group, symmetric, dtype):
     check(2, 6, 2, 64 if group != 128 else 128, 40 if not quant else 64, dtype, quant, group, symmetric)
 
 
-def test_rows_pipelined_down(monkeypatch):
-    """A down_row entry with num_stages > 1 runs the loop that Triton pipelines."""
+@pytest.mark.parametrize("stages", [1, 3])
+def test_rows_quantised_without_decode_entry(monkeypatch, stages):
+    """W4A16 experts on the row kernels (a table without ``decode``); num_stages > 1 runs the down loop
+    that Triton pipelines."""
     tab = moe.TABLES["sm90"]
-    monkeypatch.setitem(moe.TABLES, "sm90", dataclasses.replace(tab, down_row=dataclasses.replace(tab.down_row,
-                                                                                                  num_stages=3)))
+    monkeypatch.setitem(moe.TABLES, "sm90", dataclasses.replace(
+        tab, decode=None, down_row=dataclasses.replace(tab.down_row, num_stages=stages)))
     check(2, 6, 2, 64, 64, torch.float16, True, 32)
+
+
+def decode_table(monkeypatch, up_waves=16, down_waves=16, bn=64, bk=512):
+    tab = moe.TABLES["sm90"]
+    gv = moe.GemvConfig
+    monkeypatch.setitem(moe.TABLES, "sm90", dataclasses.replace(
+        tab, decode=(gv(bn, bk, 4, 1, up_waves), gv(bn, bk, 4, 1, down_waves))))
+
+
+@pytest.mark.parametrize("t,e,k,hid,inter,group,symmetric,dtype,waves,bn,bk", [
+    (1, 6, 3, 128, 128, 128, False, torch.float16, 16, 64, 512),   # top_k 3, split K in both passes
+    (3, 9, 3, 96, 160, 32, False, torch.float16, 16, 64, 64),      # H, I tails of 64-wide tiles, 3 tiles/expert
+    (2, 6, 2, 64, 64, 64, True, torch.bfloat16, 16, 64, 512),
+    (4, 8, 8, 64, 96, 32, False, torch.float16, 1, 64, 128),      # T * top_k = row_max, no split at all
+    (2, 5, 4, 192, 64, 64, False, torch.bfloat16, 1, 16, 256),    # no split, R shrunk to divide K / 8
+    (3, 9, 4, 192, 128, 64, True, torch.bfloat16, 1, 128, 2048),  # H tail, up unsplit (one K tile)
+])
+def test_decode(monkeypatch, t, e, k, hid, inter, group, symmetric, dtype, waves, bn, bk):
+    """fused_moe_decode (both kernels, with and without split-K and its in-kernel reduce)."""
+    decode_table(monkeypatch, waves, waves, bn, bk)
+    check(t, e, k, hid, inter, dtype, True, group, symmetric)
+
+
+def test_decode_counters_rearmed_and_repeatable(monkeypatch):
+    """The split-K arrival counters end each call at zero (a captured graph replays on them), so calls
+    with other token counts on the same weights stay right and repeat bit for bit."""
+    decode_table(monkeypatch, bk=64)
+    w13 = make_experts(6, 256, 2 * 64, 32, torch.float16)       # 4 K tiles in the up pass, 2 in the down
+    w2 = make_experts(6, 64, 256, 32, torch.float16, seed=1)
+    for t in (2, 1):
+        x = torch.randn(t, 256, generator=torch.Generator().manual_seed(t)).half()
+        tw, ids = routing(t, 6, 2, seed=t)
+        y = moe.fused_moe(x, w13, w2, tw, ids)
+        assert rel_err(y, reference.fused_moe(x, w13, w2, tw, ids)) < TOL[torch.float16]
+        assert torch.equal(y, moe.fused_moe(x, w13, w2, tw, ids))
+        assert w13.split_counters is not None and w2.split_counters is not None
+        assert not w13.split_counters.any() and not w2.split_counters.any()
 
 
 @pytest.mark.parametrize("t,e,k,quant,group,dtype", [
@@ -168,6 +211,41 @@ def test_gpu_35b_a3b_dense(t):
 @pytest.mark.parametrize("t", [1, 300])
 def test_gpu_symmetric_group64(t):
     check(t, 256, 8, 2048, 512, torch.bfloat16, True, group=64, symmetric=True, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,pdl", [(torch.float16, 0), (torch.bfloat16, 0), (torch.float16, 1),
+                                       (torch.bfloat16, 2)])
+# split K in both passes (the table's tiles), or the up pass unsplit and the down pass split toward one wave
+@pytest.mark.parametrize("unsplit", [False, True])
+def test_gpu_decode_graph_replay(monkeypatch, dtype, pdl, unsplit):
+    """The decode path captured in a CUDA graph (first use inside the capture: fresh zeroed counters),
+    replayed on new routings and activations copied into its inputs, equals eager calls bit for bit;
+    pdl: the down kernel (1) or both kernels (2) launched as programmatic dependents (sm_90 on only)."""
+    key, _ = moe.device_key("cuda")
+    if pdl and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs sm_90")
+    gv = moe.GemvConfig
+    dec = (gv(16, 2048, 4, 1, 16), gv(64, 512, 4, 1, 1)) if unsplit else (gv(64, 512, 4, 1, 16),) * 2
+    monkeypatch.setitem(moe.TABLES, key, dataclasses.replace(moe.TABLES[key], decode_pdl=pdl, decode=dec))
+    w13 = make_experts(256, 2048, 1024, 128, dtype, device="cuda")
+    w2 = make_experts(256, 512, 2048, 128, dtype, device="cuda", seed=1)
+    x = torch.randn(2, 2048, device="cuda").to(dtype)
+    tw, ids = routing(2, 256, 8, "cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(side), torch.cuda.graph(graph):
+        y = moe.fused_moe(x, w13, w2, tw, ids)
+    torch.cuda.current_stream().wait_stream(side)
+    for seed in range(3):
+        x.copy_(torch.randn(2, 2048, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)))
+        new_tw, new_ids = routing(2, 256, 8, "cuda", seed=seed + 10)
+        tw.copy_(new_tw)
+        ids.copy_(new_ids)
+        graph.replay()
+        assert rel_err(y, reference.fused_moe(x, w13, w2, tw, ids)) < TOL[dtype]
+        assert torch.equal(y, moe.fused_moe(x, w13, w2, tw, ids))
 
 
 @pytest.mark.gpu
