@@ -255,7 +255,7 @@ class MoeTable:
 # Row kernels: wide K tiles put a program's bytes in flight at once (their loads are not pipelined);
 # the down pass splits the token's top_k * I rows over programs. sm_90's GEMM tiles stay under its
 # 227 KB of shared memory with dense experts too (two weight tiles per stage in the gate_up pass).
-# The sm_90 choices come from bench/bench_gemm.py --sweep on an H200. W4A16 decode (--moe-only): the
+# The sm_90 choices come from bench/bench_gemm.py --sweep on an H200. W4A16 decode (bench_moe.py --sweep): the
 # dense GEMV's 64 x 512 tile in both passes, split toward 16 waves, the down kernel a programmatic
 # dependent launch: 12.8 us for one token against 15.5 for the row kernels (decode=None). Unsplit
 # passes (16 columns x all of K a program, the down pass as one tile of all top_k experts' rows)

@@ -22,7 +22,7 @@ table's largest decode batch. On sm_90 the down kernel can be a programmatic dep
 it starts while the up kernel runs and fetches its weights, and waits (griddepcontrol.wait) only
 before reading h.
 
-Measured (H200, bench_gemm.py --moe-only, 1 token): 12.8 us with PDL, 13.8 without (0.25 of copy
+Measured (H200, bench_moe.py --sweep, 1 token): 12.8 us with PDL, 13.8 without (0.25 of copy
 bandwidth; the target is 0.6). torch.profiler puts the up kernel at 7.3 us for its 8.4 MB and the
 down kernel at 6.0 us for 4.2 MB, so each kernel costs ~4 us beyond its bytes at copy speed. Fewer,
 larger programs made it worse (the up pass unsplit: 16-21 us in total; the down pass as one tile of

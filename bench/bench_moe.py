@@ -1,0 +1,207 @@
+"""Fused MoE W4A16 (Qwen3.6-35B-A3B experts: E 256, top-8, H 2048, I 512) against a torch per-expert fp16 loop.
+
+    PYTHONPATH=. python3 bench/bench_moe.py [--sweep]       (bench_gemm.py prints the same table after its own)
+
+Decode (1 and 4 tokens): bandwidth on the bytes of the chosen experts as a fraction of the copy bandwidth
+measured in this process; 64 tokens: speed against the torch loop. Timing and weights as bench_gemm.py
+(CUDA graphs of back-to-back calls, routings rotated so the L2 cannot serve an expert twice). ``--sweep``
+first times MOE_DECODE_CANDIDATES (and prints a per-kernel profile), then uses the fastest below.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+from bench_gemm import GROUP, _pick, graph_ms, patched, qbytes
+from common import copy_bandwidth_gbs, device_header, print_table
+
+from catengine.kernels import fused_moe as moe
+from catengine.kernels import moe_route as route
+from catengine.kernels import reference, w4a16
+from catengine.kernels.packing import QuantizedWeight, dequantize, pack_int4_along_k
+
+E, TOPK, HID, INTER = 256, 8, 2048, 512
+
+
+def moe_weights(dtype):
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def stack(k, n):
+        q = torch.randint(0, 16, (E, k, n), device="cuda", generator=g)
+        s = (torch.rand(E, k // GROUP, n, device="cuda", generator=g) + 0.5) * 1e-3
+        z = torch.randint(0, 16, (E, k // GROUP, n), device="cuda", generator=g)
+        return QuantizedWeight(pack_int4_along_k(q), s.to(dtype), z.to(dtype), GROUP)
+    return stack(HID, 2 * INTER), stack(INTER, HID)
+
+
+def torch_expert_loop(x, w13d, w2d, tw, ids):
+    """The peer: per chosen expert, fp16 matmuls on its tokens (dispatch indices computed ahead)."""
+    plan = []
+    for e in ids.unique().tolist():
+        tok, slot = (ids == e).nonzero(as_tuple=True)
+        plan.append((e, tok, tw[tok, slot, None].to(x.dtype)))
+
+    def run():
+        out = torch.zeros_like(x)
+        for e, tok, w in plan:
+            h = F.linear(x[tok], w13d[e])
+            h = F.silu(h[:, :INTER]) * h[:, INTER:]
+            out.index_add_(0, tok, F.linear(h, w2d[e]) * w)
+        return out
+    return run
+
+
+def bench_moe(dtype=torch.float16):
+    bw = copy_bandwidth_gbs()
+    w13, w2 = moe_weights(dtype)
+    w13d = dequantize(w13, dtype).transpose(1, 2).contiguous()    # [E, 2I, H] torch layout
+    w2d = dequantize(w2, dtype).transpose(1, 2).contiguous()
+    expert_bytes = qbytes(HID, 2 * INTER) + qbytes(INTER, HID)
+    rows = []
+    for t in (1, 4, 64):
+        routes = []
+        for i in range(16 // t if t < 16 else 1):
+            g = torch.Generator(device="cuda").manual_seed(100 + i)
+            logits = torch.randn(t, E, device="cuda", generator=g)
+            routes.append(route.moe_route(logits, TOPK, True))
+        x = torch.randn(t, HID, device="cuda", dtype=dtype)
+        ref = reference.fused_moe(x, w13, w2, *routes[0]).float()
+        err = ((moe.fused_moe(x, w13, w2, *routes[0]).float() - ref).norm() / ref.norm()).item()
+        tm = graph_ms([lambda r=r: moe.fused_moe(x, w13, w2, *r) for r in routes])
+        tp = graph_ms([torch_expert_loop(x, w13d, w2d, *r) for r in routes[:4]], reps=5)
+        n_exp = statistics.mean(r[1].unique().numel() for r in routes)
+        nbytes = n_exp * expert_bytes + 2 * t * HID * 2
+        flops = 2 * t * TOPK * 3 * HID * INTER
+        rows.append([f"{t} token(s), {n_exp:.0f} experts", tm * 1e3, nbytes / tm / 1e6 / bw,
+                     flops / tm / 1e9, tp * 1e3, tp / tm, f"{err:.1e}"])
+    logits = [torch.randn(1, E, device="cuda") for _ in range(16)]
+    tr = graph_ms([lambda lg=lg: route.moe_route(lg, TOPK, True) for lg in logits])
+    print_table(f"fused MoE W4A16 (E {E}, top-{TOPK}, H {HID}, I {INTER}, {dtype}) vs torch per-expert fp16 loop",
+                ["case", "ours us", "BW/copy (chosen experts)", "TFLOP/s", "torch loop us", "speedup", "rel err"],
+                rows)
+    print(f"moe_route (1 token, 256 experts; 16 calls a graph): {tr * 1e3:.1f} us a call")
+
+
+# MoE decode candidates (--sweep): (label, fields of the fused_moe table); decode=None is
+# the older row kernels; PDL1/2: the down kernel / both kernels as programmatic dependent launches.
+_DEC = w4a16.GemvConfig
+
+
+def _dec(up, down, pdl=0):
+    return dict(decode=(_DEC(*up), _DEC(*down)), decode_pdl=pdl)
+
+
+MOE_DECODE_CANDIDATES = [
+    ("row kernels (decode=None)", dict(decode=None)),
+    ("up 64x512 w4 | down 64x512 w4", _dec((64, 512, 4, 1, 16), (64, 512, 4, 1, 16))),
+    ("up 64x512 w4 | down 64x512 w4 PDL1", _dec((64, 512, 4, 1, 16), (64, 512, 4, 1, 16), 1)),
+    ("up 64x512 w4 | down 64x512 w4 PDL2", _dec((64, 512, 4, 1, 16), (64, 512, 4, 1, 16), 2)),
+    ("up 64x256 w4 | down 64x512 w4 PDL1", _dec((64, 256, 4, 1, 16), (64, 512, 4, 1, 16), 1)),
+    ("up 32x512 w4 | down 64x512 w4 PDL1", _dec((32, 512, 4, 1, 16), (64, 512, 4, 1, 16), 1)),
+    ("up 16x2048 w4 | down 64x512 w4 PDL1", _dec((16, 2048, 4, 1, 16), (64, 512, 4, 1, 16), 1)),
+    ("up 32x256 w2 | down 32x256 w2 PDL1", _dec((32, 256, 2, 1, 16), (32, 256, 2, 1, 16), 1)),
+    ("up 64x512 w4 | down 64x256 w4 PDL1", _dec((64, 512, 4, 1, 16), (64, 256, 4, 1, 16), 1)),
+    ("up 64x512 w4 | down 64x512 w4 wv2 PDL1", _dec((64, 512, 4, 1, 16), (64, 512, 4, 1, 2), 1)),
+]
+
+
+def sweep_moe_decode(dtype=torch.float16, tokens=(1, 4)):
+    """Each MOE_DECODE_CANDIDATES entry at 1 and 4 tokens (16 and 4 routings rotated, fresh per
+    token count); returns the table fields of the fastest at 1 token."""
+    key, _ = w4a16.device_key("cuda")
+    bw = copy_bandwidth_gbs()
+    w13, w2 = moe_weights(dtype)
+    expert_bytes = qbytes(HID, 2 * INTER) + qbytes(INTER, HID)
+    cases = []
+    for t in tokens:
+        routes = [route.moe_route(torch.randn(t, E, device="cuda"), TOPK, True) for _ in range(16 // t)]
+        x = torch.randn(t, HID, device="cuda", dtype=dtype)
+        ref = reference.fused_moe(x, w13, w2, *routes[0]).float()
+        n_exp = statistics.mean(r[1].unique().numel() for r in routes)
+        cases.append((t, routes, x, ref, n_exp * expert_bytes + 4 * t * HID))
+    rows, totals = [], {}
+    for label, fields in MOE_DECODE_CANDIDATES:
+        with patched(moe, key, dataclasses.replace(moe.TABLES[key], **fields)):
+            for t, routes, x, ref, nbytes in cases:
+                try:
+                    err = ((moe.fused_moe(x, w13, w2, *routes[0]).float() - ref).norm() / ref.norm()).item()
+                    ms = graph_ms([lambda r=r: moe.fused_moe(x, w13, w2, *r) for r in routes], reps=10)
+                except Exception as e:
+                    rows.append([label, t, f"failed: {type(e).__name__}: {str(e)[:80]}"])
+                    torch.cuda.synchronize()
+                    continue
+                if t == tokens[0]:
+                    totals[label] = ms
+                rows.append([label, t, ms * 1e3, nbytes / ms / 1e6 / bw, f"{err:.1e}"])
+    print_table(f"MoE decode candidates ({dtype}; BW on the chosen experts' bytes)",
+                ["config", "tokens", "us", "BW/copy", "rel err"], rows)
+    return dict(MOE_DECODE_CANDIDATES)[min(totals, key=totals.get)]
+
+
+def profile_moe_decode(fields_list, dtype=torch.float16, calls=32):
+    """Per-kernel GPU time (torch.profiler, eager calls, 1 token) under each table fields entry: which
+    pass of the decode path costs what."""
+    key, _ = w4a16.device_key("cuda")
+    w13, w2 = moe_weights(dtype)
+    routes = [route.moe_route(torch.randn(1, E, device="cuda"), TOPK, True) for _ in range(calls)]
+    x = torch.randn(1, HID, device="cuda", dtype=dtype)
+    for label, fields in fields_list:
+        with patched(moe, key, dataclasses.replace(moe.TABLES[key], **fields)):
+            for r in routes[:2]:
+                moe.fused_moe(x, w13, w2, *r)
+            torch.cuda.synchronize()
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                for r in routes:
+                    moe.fused_moe(x, w13, w2, *r)
+                torch.cuda.synchronize()
+        rows = [[ev.key[:60], ev.count // calls, ev.device_time_total / calls]
+                for ev in prof.key_averages() if ev.device_time_total > 0]
+        print_table(f"MoE decode kernels, 1 token, eager ({label}; us per call)", ["kernel", "launches", "us"], rows)
+
+
+def sweep_moe(deadline, dtype):
+    key, _ = w4a16.device_key("cuda")
+    tab = dataclasses.replace(moe.TABLES[key], **sweep_moe_decode(dtype))
+    w13, w2 = moe_weights(dtype)
+
+    def timer(t, n_routes):
+        routes = [route.moe_route(torch.randn(t, E, device="cuda"), TOPK, True) for _ in range(n_routes)]
+        x = torch.randn(t, HID, device="cuda", dtype=dtype)
+
+        def run():
+            ms = graph_ms([lambda r=r: moe.fused_moe(x, w13, w2, *r) for r in routes], reps=5)
+            return ms, [ms]
+        return run
+
+    gm = w4a16.GemmConfig
+    grids = [gm(16, 64, 64, 4, 4), gm(16, 64, 128, 4, 3), gm(16, 128, 64, 8, 4)]
+    return _pick("MoE 64 tokens, BM=16 GEMM", moe, key,
+                 [(str(c), dataclasses.replace(tab, gemm=((16, c),) + tab.gemm[1:])) for c in grids], timer(64, 2),
+                 deadline)
+
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sweep", action="store_true",
+                    help="time MOE_DECODE_CANDIDATES, then print the table with the fastest decode entry")
+    args = ap.parse_args()
+    print(device_header(), flush=True)
+    if args.sweep:
+        key, _ = w4a16.device_key("cuda")
+        best = sweep_moe_decode()
+        moe.TABLES[key] = dataclasses.replace(moe.TABLES[key], **best)
+        print(f"MoE decode fields used below: {best!r}", flush=True)
+        try:
+            profile_moe_decode([("row kernels", dict(decode=None)), ("chosen", best)])
+        except Exception as e:      # the profiler is a diagnosis, not the benchmark
+            print(f"profile failed: {type(e).__name__}: {e}")
+    bench_moe(torch.float16)
+
+
+if __name__ == "__main__":
+    main()
