@@ -7,10 +7,11 @@
   fraction of the measured device-to-device copy bandwidth. Timed as CUDA-graph replays (as the
   engine runs decode) over rotating state slots, so neither launch overhead nor L2 hits count.
 - Conv1d: bytes moved (input, output, states, weights once) over time, against copy bandwidth.
-``--sweep`` also times other launch tables end to end (to choose the per-architecture table; never
-at serve time), and ``--profile`` prints per-kernel times of ours and fla at 1 x 64K.
+``--sweep S`` then times other launch tables end to end until S seconds after the start, each
+checked against the table's output (to choose the per-architecture table; never at serve time),
+and ``--profile`` prints per-kernel times of ours and fla at 1 x 64K.
 
-Usage: python bench/bench_gdn.py [--sweep] [--no-fla]
+Usage: python bench/bench_gdn.py [--only prefill|decode|conv|sweep] [--sweep S] [--no-fla]
 """
 from __future__ import annotations
 
@@ -87,7 +88,7 @@ def bench_prefill(use_fla: bool):
         h0 = ssm[slots.long()].clone()
         o = gdr.chunk_gated_delta_rule(q, k, v, g, beta, ssm, qsl, slots, has, scale)
         ours = bench_ms(lambda: gdr.chunk_gated_delta_rule(q, k, v, g, beta, ssm, qsl, slots, has, scale))
-        # the two kernels timed alone (the table may overlap them on two streams for this case)
+        # the kernels timed alone (the table may overlap them on three streams for this case)
         alone = dataclasses.replace(gdr._device_table(q.device), overlap_max_programs=0)
         _, steps = gdr.chunk_steps(q, k, v, g, beta, ssm, qsl, slots, has, scale, table=alone)
         parts = {n: bench_ms(f) for n, f in steps}
@@ -104,12 +105,13 @@ def bench_prefill(use_fla: bool):
             fla_ms = bench_ms(run_fla)
         tflops = chunk_flops(lens) / (ours * 1e-3) / 1e12
         rows.append([name, sum(lens), ours, fla_ms, fla_ms / ours, tflops, 100 * tflops / peak,
-                     parts["wy"], parts["scan"], diff])
-        print(f"  {name}: ours {ours:.3f} ms, fla {fla_ms:.3f} ms", flush=True)
+                     parts["wy"], parts["h"], parts["o"], diff])
+        print(f"  {name}: ours {ours:.3f} ms, fla {fla_ms:.3f} ms, parts {parts}, rel diff vs fla {diff:.1e}",
+              flush=True)
         torch.cuda.empty_cache()
     print_table("Prefill: chunked gated delta rule (bf16, fp32 states in slots)",
                 ["case", "tokens", "ours ms", "fla ms", "fla/ours", "TFLOP/s", "% matmul peak",
-                 "wy ms (alone)", "scan ms (alone)", "rel diff vs fla"], rows)
+                 "wy ms", "h ms", "o ms", "rel diff vs fla"], rows)
 
 
 
@@ -176,53 +178,88 @@ def bench_conv():
                 ["case", "us", "MiB moved", "GB/s", "% of copy"], rows)
 
 
-def sweep(budget_s: float):
-    """Other launch tables, end to end, around this device's table (coordinate sweep)."""
-    t_end = time.time() + budget_s
+def sweep(t_end: float):
+    """Other launch tables around this device's table, until the wall clock reaches t_end (never at
+    serve time). Every candidate's output is compared with the table's on the same inputs, so a
+    table picked from these rows has been checked on this GPU. Order: what decides the most first."""
     base = gdr._device_table(torch.device("cuda"))
     cbase = cv._device_table(torch.device("cuda"))
     rows = []
 
-    def timed(label, variant, fn, graph=False):
+    def timed(label, variant, fn, graph=False, check=None):
         if time.time() > t_end:
-            return
-        ms = fn() if graph else bench_ms(fn, warmup_ms=10, rep_ms=50)
-        rows.append([label, variant, ms])
-        print(f"  {label} {variant}: {ms:.4f} ms", flush=True)
+            return float("inf")
+        try:
+            ms = fn() if graph else bench_ms(fn, warmup_ms=5, rep_ms=30)
+            err = check() if check is not None else float("nan")
+        except Exception as e:  # a candidate that does not compile (shared memory) is reported, not fatal
+            print(f"  {label} {variant}: failed {type(e).__name__}: {str(e)[:120]}", flush=True)
+            return float("inf")
+        rows.append([label, variant, ms, err])
+        print(f"  {label} {variant}: {ms:.4f} ms (rel diff vs table {err:.1e})", flush=True)
+        return ms
 
-    for b in (8, 256):
-        for bv, nw in ((64, 4), (32, 4), (64, 8), (128, 8)):
-            tab = dataclasses.replace(base, rec_bv=bv, rec_warps=nw)
-            timed(f"decode batch {b}", f"BV={bv} warps={nw}", lambda: decode_ms(b, tab)[0], graph=True)
-    x, w, st, qsl, slots, has = conv_inputs(PREFILL["8 x 4K ragged"])
-    for bt, bc, nw in ((16, 256, 8), (8, 512, 8), (16, 128, 4), (32, 256, 8), (8, 256, 4)):
-        tab = dataclasses.replace(cbase, fwd=cv.ConvLaunch(bt, bc, nw, cbase.fwd.num_stages))
-        cv._conv(x, w, st, qsl, slots, has, "silu", tab)
-        timed("conv 8 x 4K", f"BT={bt} BC={bc} warps={nw}", lambda: cv._conv(x, w, st, qsl, slots, has, "silu", tab))
-    for bc, nw in ((512, 4), (1024, 8), (256, 2), (256, 4)):
-        tab = dataclasses.replace(cbase, update=cv.ConvLaunch(1, bc, nw, 1))
-        timed("conv decode 256", f"BC={bc} warps={nw}", lambda: conv_decode_ms(256, tab)[0], graph=True)
-    variants = [("table", base), ("no overlap", dataclasses.replace(base, overlap_max_programs=0)),
-                ("scan warps 4", dataclasses.replace(base, scan_warps=4)),
-                ("wy warps 8", dataclasses.replace(base, wy_warps=8)),
-                ("scan BV 32 warps 4", dataclasses.replace(base, scan_bv=32, scan_warps=4)),
-                ("scan stages 3", dataclasses.replace(base, scan_stages=3)),
-                ("scan stages 1", dataclasses.replace(base, scan_stages=1)),
-                ("scan BV 32 warps 8", dataclasses.replace(base, scan_bv=32)),
-                ("wy warps 2", dataclasses.replace(base, wy_warps=2))]
-    for name in ("1 x 64K", "8 x 4K ragged", "1 x 8K"):
+    def prefill_variants(name, variants):
         args = gdn_inputs(PREFILL[name])
-        for label, tab in variants:
-            if time.time() > t_end:
-                break
+        ssm0 = args[5].clone()
 
-            def run(tab=tab):
-                for _, launch in gdr.chunk_steps(*args, DK ** -0.5, table=tab)[1]:
-                    launch()
-            run()
-            timed(f"prefill {name}", label, run)
+        def run(tab):
+            args[5].copy_(ssm0)
+            o, steps = gdr.chunk_steps(*args, DK ** -0.5, table=tab)
+            for _, launch in steps:
+                launch()
+            return o
+        want = run(base).clone()
+        for label, tab in variants:
+            timed(f"prefill {name}", label, lambda: run(tab), check=lambda: rel(run(tab), want))
+
+    windows = [("table", base), ("no windows", dataclasses.replace(base, overlap_max_programs=0)),
+               ("windows", dataclasses.replace(base, overlap_max_programs=1 << 20)),
+               ("windows 4", dataclasses.replace(base, overlap_max_programs=1 << 20, overlap_segments=4)),
+               ("windows, WY first", dataclasses.replace(base, overlap_max_programs=1 << 20, overlap_wy=False)),
+               ("windows, o last", dataclasses.replace(base, overlap_max_programs=1 << 20, overlap_o=False))]
+    for name in ("1 x 8K", "1 x 64K", "8 x 4K ragged"):
+        prefill_variants(name, windows)
         torch.cuda.empty_cache()
-    print_table("Sweep (whole op, other launch parameters)", ["op / case", "variant", "ms"], rows)
+    hv = [(f"h BV={bv} warps={nw} stages={ns}", dataclasses.replace(base, h_bv=bv, h_warps=nw, h_stages=ns))
+          for bv, nw, ns in ((64, 4, 2), (16, 4, 2), (32, 4, 3), (32, 8, 2))]
+    ov = [(f"o BV={bv} warps={nw} stages={ns}", dataclasses.replace(base, o_bv=bv, o_warps=nw, o_stages=ns))
+          for bv, nw, ns in ((64, 4, 2), (128, 8, 2), (32, 4, 2))]
+    for name in ("8 x 4K ragged", "1 x 8K", "1 x 64K"):
+        prefill_variants(name, hv + ov)
+        torch.cuda.empty_cache()
+    def decode_check(b, tab):
+        """Output and new states of one decode step against the table's (state rel diff; o's the same)."""
+        q, k, v, g, beta, ssm, qsl, slots, has = gdn_inputs([1] * b, seed=7)
+        s1 = ssm.clone()
+        o1 = rec._recurrent(q, k, v, g, beta, s1, qsl, slots, has, 0.088, True, None, base)
+        o2 = rec._recurrent(q, k, v, g, beta, ssm, qsl, slots, has, 0.088, True, None, tab)
+        return max(rel(o2, o1), rel(ssm, s1))
+
+    for b in (8, 64, 256):
+        for bv, nw in ((64, 4), (32, 4), (32, 2), (16, 2), (16, 1), (64, 8)):
+            tab = dataclasses.replace(base, rec_bv=bv, rec_warps=nw)
+            timed(f"decode batch {b}", f"BV={bv} warps={nw}", lambda: decode_ms(b, tab)[0], graph=True,
+                  check=lambda: decode_check(b, tab))
+    x, w, st, qsl, slots, has = conv_inputs(PREFILL["8 x 4K ragged"])
+    st0 = st.clone()
+
+    def conv(tab):
+        st.copy_(st0)
+        return cv._conv(x, w, st, qsl, slots, has, "silu", tab)
+    want = conv(dataclasses.replace(cbase, rows=None, fwd=cv.ConvLaunch(16, 256, 8, 2))).clone()
+    for kind, c in (("tile", (16, 256, 8, 2)), ("tile", (8, 256, 4, 2)), ("tile", (8, 512, 8, 2)),
+                    ("tile", (4, 512, 4, 2)), ("rows", (64, 512, 2, 1)), ("rows", (128, 1024, 4, 1))):
+        launch = cv.ConvLaunch(*c)
+        tab = dataclasses.replace(cbase, rows=launch if kind == "rows" else None,
+                                  fwd=launch if kind == "tile" else cbase.fwd)
+        timed("conv 8 x 4K", f"{kind} {c}", lambda: conv(tab), check=lambda: rel(conv(tab), want))
+    for b in (8, 256):
+        for bc, nw in ((512, 4), (1024, 8), (256, 2), (1024, 4)):
+            tab = dataclasses.replace(cbase, update=cv.ConvLaunch(1, bc, nw, 1))
+            timed(f"conv decode {b}", f"BC={bc} warps={nw}", lambda: conv_decode_ms(b, tab)[0], graph=True)
+    print_table("Sweep (other launch parameters, whole op; rel diff: output against the table's)",
+                ["op / case", "variant", "ms", "rel diff"], rows)
 
 
 def profile_64k():
@@ -252,11 +289,13 @@ def profile_64k():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sweep", type=float, default=0.0, help="seconds to spend timing other launch tables")
+    ap.add_argument("--sweep", type=float, default=0.0,
+                    help="time other launch tables until this many seconds after the start")
     ap.add_argument("--no-fla", action="store_true")
     ap.add_argument("--only", choices=["prefill", "decode", "conv", "sweep"], default=None)
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
+    t0 = time.time()
     print(device_header(), flush=True)
     if args.only in (None, "decode"):
         bench_decode()
@@ -267,7 +306,7 @@ def main():
     if args.profile:
         profile_64k()
     if args.sweep > 0 or args.only == "sweep":
-        sweep(args.sweep or 60.0)
+        sweep(t0 + (args.sweep or 60.0))
 
 
 if __name__ == "__main__":

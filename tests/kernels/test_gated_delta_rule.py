@@ -95,9 +95,10 @@ def test_chunk_gated_delta_rule_matches_reference(name):
 
 
 def test_chunk_segments_hand_the_state_on():
-    """The path that overlaps WY and scan cuts the chunks into windows; each scan launch continues
-    from the state the previous one left in the slot. Forced here on tiny inputs (windows of 3
-    chunks cut through the 7-chunk sequence and fall between the others)."""
+    """The path that overlaps WY, state and output kernels cuts the chunks into windows; each state
+    launch continues from the state the previous one left in the slot. Forced here on tiny inputs
+    (windows of 3 chunks cut through the 7-chunk sequence and fall between the others); the
+    stream overlap itself runs only on CUDA (checked there by bench_gdn.py --sweep)."""
     gen = torch.Generator().manual_seed(9)
     lens = [130, 1, 0, 200, 64]
     q, k, v, g, beta, ssm, qsl, slots, _ = _case(lens, 1, 2, 16, 16, torch.float32, gen)
@@ -109,7 +110,23 @@ def test_chunk_segments_hand_the_state_on():
     ssm_d = ssm.clone().to(DEV)
     o, steps = gdr.chunk_steps(*(x.to(DEV) for x in (q, k, v, g, beta)), ssm_d, qsl.to(DEV), slots.to(DEV),
                                has.to(DEV), 0.25, table=table)
-    assert [name for name, _ in steps] == ["wy+scan overlapped"]
+    assert [name for name, _ in steps] == ["wy+h+o overlapped"]
+    for _, launch in steps:
+        launch()
+    assert _rel(o, o_ref) < 1e-4 and _rel(ssm_d, ssm_ref) < 1e-4
+
+
+def test_chunk_value_blocks():
+    """dv split over several programs in the state and output kernels (blocks of 16 of dv = 32)."""
+    gen = torch.Generator().manual_seed(13)
+    q, k, v, g, beta, ssm, qsl, slots, has = _case([70, 5], 1, 2, 16, 32, torch.float32, gen, has_p=1)
+    ssm_ref = ssm.clone()
+    o_ref = ref.chunk_gated_delta_rule(q, k, v, g, beta, ssm_ref, qsl, slots, has, 0.25)
+    table = dataclasses.replace(gdr._TABLE[80], h_bv=16, o_bv=16)
+    ssm_d = ssm.clone().to(DEV)
+    o, steps = gdr.chunk_steps(*(x.to(DEV) for x in (q, k, v, g, beta)), ssm_d, qsl.to(DEV), slots.to(DEV),
+                               has.to(DEV), 0.25, table=table)
+    assert [name for name, _ in steps] == ["offsets", "wy", "h", "o"]
     for _, launch in steps:
         launch()
     assert _rel(o, o_ref) < 1e-4 and _rel(ssm_d, ssm_ref) < 1e-4
