@@ -14,14 +14,17 @@ One kernel body, two launch shapes picked by ``max_query_len``:
 
 Pages are gathered per key row (``block_tables[b, pos // block_size]``), so any block size works; it
 is a compile-time constant, as a run-time divisor cost each key row a division sequence (the gather
-was 15% of the decode loop's instructions).
-fp8 e5m2 caches are read as int16 byte pairs and widened exactly by shifts (even and odd head dims
-separately); the math is fp32 with the dot operands in q's dtype; the optional sigmoid gate is
-applied in the epilogue.
+was 15% of the decode loop's instructions), and key tiles start at multiples of BLOCK_N, so with
+power-of-two sizes a row's slot in its block is loop-invariant.
+fp8 e5m2 caches are read as int16 byte pairs and widened exactly (even and odd head dims separately)
+by shifts or, with the launch row's ``widen_asm``, by one inline-PTX prmt / and per 4 bytes; the math
+is fp32 with the dot operands in q's dtype; the optional sigmoid gate is applied in the epilogue.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+import os
 
 import torch
 import triton
@@ -41,16 +44,17 @@ BLOCK_SIZE = 16               # the engine's default KV block size (EngineConfig
 
 
 @triton.jit
-def _qk(b_q, b_q2, k_cache, p_table, o_n, m_n, kvh, BS, stride_kb, stride_ks, stride_kh, D: tl.constexpr,
-        FP8: tl.constexpr, MASK: tl.constexpr):
-    """[BLOCK_M, BLOCK_N] fp32 q.k for the keys at o_n; e5m2: q.k = q_even.k_even + q_odd.k_odd over
-    int16 byte pairs (b_q, b_q2 = even, odd columns of q)."""
+def _qk(b_q, b_q2, k_cache, p_table, start, m_n, kvh, BS, stride_kb, stride_ks, stride_kh, D: tl.constexpr,
+        BLOCK_N: tl.constexpr, FP8: tl.constexpr, MASK: tl.constexpr, WIDEN_ASM: tl.constexpr):
+    """[BLOCK_M, BLOCK_N] fp32 q.k for the keys start + [0, BLOCK_N); e5m2: q.k = q_even.k_even +
+    q_odd.k_odd over int16 byte pairs (b_q, b_q2 = even, odd columns of q)."""
     if FP8:
-        b_k_lo, b_k_hi = _e5m2_pair(_kv_tile(k_cache, p_table, o_n, m_n, kvh, tl.arange(0, D // 2), BS,
-                                             stride_kb, stride_ks, stride_kh, MASK), b_q.dtype)
+        b_k_lo, b_k_hi = _e5m2_pair(_kv_tile(k_cache, p_table, start, m_n, kvh, tl.arange(0, D // 2), BS,
+                                             stride_kb, stride_ks, stride_kh, BLOCK_N, MASK), b_q.dtype, WIDEN_ASM)
         b_s = tl.dot(b_q2, tl.trans(b_k_hi), tl.dot(b_q, tl.trans(b_k_lo)))
     else:
-        b_k = _kv_tile(k_cache, p_table, o_n, m_n, kvh, tl.arange(0, D), BS, stride_kb, stride_ks, stride_kh, MASK)
+        b_k = _kv_tile(k_cache, p_table, start, m_n, kvh, tl.arange(0, D), BS, stride_kb, stride_ks, stride_kh,
+                       BLOCK_N, MASK)
         b_s = tl.dot(b_q, tl.trans(b_k.to(b_q.dtype)))
     return b_s
 
@@ -58,7 +62,7 @@ def _qk(b_q, b_q2, k_cache, p_table, o_n, m_n, kvh, BS, stride_kb, stride_ks, st
 @triton.jit
 def _attend(acc, acc2, l_i, m_i, b_q, b_q2, k_cache, v_cache, p_table, kvh, pos, lo, hi, qk_scale, BS,
             stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, D: tl.constexpr,
-            BLOCK_N: tl.constexpr, FP8: tl.constexpr, MASK: tl.constexpr):
+            BLOCK_N: tl.constexpr, FP8: tl.constexpr, MASK: tl.constexpr, WIDEN_ASM: tl.constexpr):
     """Online-softmax accumulation over keys [lo, hi); MASK applies causality and the hi bound.
     e5m2: acc and acc2 hold the even and odd output columns (widened bytes would reach the MMA through
     byte-wise shared-memory loads, which made e5m2 decode as slow as fp16); otherwise acc2 is unused."""
@@ -66,8 +70,8 @@ def _attend(acc, acc2, l_i, m_i, b_q, b_q2, k_cache, v_cache, p_table, kvh, pos,
     for start in range(lo, hi, BLOCK_N):
         o_n = start + tl.arange(0, BLOCK_N)
         m_n = o_n < hi
-        b_s = _qk(b_q, b_q2, k_cache, p_table, o_n, m_n, kvh, BS, stride_kb, stride_ks, stride_kh, D, FP8,
-                  MASK) * qk_scale
+        b_s = _qk(b_q, b_q2, k_cache, p_table, start, m_n, kvh, BS, stride_kb, stride_ks, stride_kh, D, BLOCK_N,
+                  FP8, MASK, WIDEN_ASM) * qk_scale
         if MASK:
             b_s = tl.where((o_n[None, :] <= pos[:, None]) & m_n[None, :], b_s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(b_s, 1))
@@ -77,13 +81,13 @@ def _attend(acc, acc2, l_i, m_i, b_q, b_q2, k_cache, v_cache, p_table, kvh, pos,
         m_i = m_new
         b_p = b_p.to(dt)
         if FP8:
-            b_v_lo, b_v_hi = _e5m2_pair(_kv_tile(v_cache, p_table, o_n, m_n, kvh, tl.arange(0, D // 2), BS,
-                                                 stride_vb, stride_vs, stride_vh, MASK), dt)
+            b_v_lo, b_v_hi = _e5m2_pair(_kv_tile(v_cache, p_table, start, m_n, kvh, tl.arange(0, D // 2), BS,
+                                                 stride_vb, stride_vs, stride_vh, BLOCK_N, MASK), dt, WIDEN_ASM)
             acc = acc * alpha[:, None] + tl.dot(b_p, b_v_lo)
             acc2 = acc2 * alpha[:, None] + tl.dot(b_p, b_v_hi)
         else:
-            b_v = _kv_tile(v_cache, p_table, o_n, m_n, kvh, tl.arange(0, D), BS, stride_vb, stride_vs, stride_vh,
-                           MASK)
+            b_v = _kv_tile(v_cache, p_table, start, m_n, kvh, tl.arange(0, D), BS, stride_vb, stride_vs, stride_vh,
+                           BLOCK_N, MASK)
             acc = acc * alpha[:, None] + tl.dot(b_p, b_v.to(dt))
     return acc, acc2, l_i, m_i
 
@@ -94,7 +98,8 @@ def _paged_attn_kernel(q, k_cache, v_cache, out, gate, part_o, part_ml, block_ta
                        stride_qt, stride_qh, stride_ot, stride_oh, stride_gt, stride_gh,
                        stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
                        D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr,
-                       HAS_GATE: tl.constexpr, SPLIT: tl.constexpr, TWO_PHASE: tl.constexpr):
+                       HAS_GATE: tl.constexpr, SPLIT: tl.constexpr, TWO_PHASE: tl.constexpr,
+                       WIDEN_ASM: tl.constexpr):
     i_qt = NUM_QT - 1 - tl.program_id(0)
     i_bk = tl.program_id(1)
     i_s = tl.program_id(2)
@@ -147,10 +152,10 @@ def _paged_attn_kernel(q, k_cache, v_cache, out, gate, part_o, part_ml, block_ta
     if TWO_PHASE:
         acc, acc2, l_i, m_i = _attend(acc, acc2, l_i, m_i, b_q, b_q2, k_cache, v_cache, p_table, kvh, pos, lo, mid,
                                       qk_scale, BS, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                                      D, BLOCK_N, FP8, False)
+                                      D, BLOCK_N, FP8, False, WIDEN_ASM)
     acc, acc2, l_i, m_i = _attend(acc, acc2, l_i, m_i, b_q, b_q2, k_cache, v_cache, p_table, kvh, pos, mid, hi,
                                   qk_scale, BS, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                                  D, BLOCK_N, FP8, True)
+                                  D, BLOCK_N, FP8, True, WIDEN_ASM)
     if FP8:
         acc = tl.reshape(tl.join(acc, acc2), (BLOCK_M, D))
     if SPLIT:
@@ -167,6 +172,11 @@ def _paged_attn_kernel(q, k_cache, v_cache, out, gate, part_o, part_ml, block_ta
             b_o = b_o * tl.sigmoid(b_g)
         tl.store(out + tok[:, None] * stride_ot + hq[:, None] * stride_oh + o_d[None, :],
                  b_o.to(out.dtype.element_ty), mask=m_row[:, None])
+
+
+def _inline_ptx(device: torch.device) -> bool:
+    """Inline PTX runs only in compiled kernels on NVIDIA GPUs (not in the interpreter, not on ROCm)."""
+    return device.type == "cuda" and torch.version.hip is None and os.environ.get("TRITON_INTERPRET") != "1"
 
 
 @functools.cache
@@ -249,7 +259,8 @@ def _paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_lo
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
         D=d, BLOCK_M=block_m, BLOCK_N=cfg.block_n, FP8=fp8, HAS_GATE=has_gate, SPLIT=split,
-        TWO_PHASE=cfg.two_phase, num_warps=num_warps, num_stages=cfg.num_stages)
+        TWO_PHASE=cfg.two_phase, WIDEN_ASM=fp8 and cfg.widen_asm and _inline_ptx(q.device),
+        num_warps=num_warps, num_stages=cfg.num_stages)
     if split:
         _split_reduce_kernel[(t, nh, d // REDUCE_BLOCK_D)](
             part_o, part_ml, out, g_arg, nh, num_splits, out.stride(0), out.stride(1),
@@ -270,24 +281,26 @@ def _attn_signature(act: str, kv: str) -> dict:
                  "stride_oh", "stride_gt", "stride_gh", "stride_kb", "stride_ks", "stride_kh", "stride_vb",
                  "stride_vs", "stride_vh", "stride_bt"):
         sig[name] = "i32"
-    sig.update({c: "constexpr" for c in ("BS", "D", "BLOCK_M", "BLOCK_N", "FP8", "HAS_GATE", "SPLIT", "TWO_PHASE")})
+    sig.update({c: "constexpr" for c in ("BS", "D", "BLOCK_M", "BLOCK_N", "FP8", "HAS_GATE", "SPLIT", "TWO_PHASE",
+                                         "WIDEN_ASM")})
     return sig
 
 
 def aot_configs(cc: int) -> list[AotConfig]:
     """Every table row, for the gated Qwen3.5 layer in the arch's model dtype (fp16 on sm_70, bf16 on
     sm_80+) and the engine's default block size, with the model-dtype cache and, for d = 256, the e5m2
-    cache; decode also in its speculative (4 tokens x 6 heads -> 32 rows) and unsplit shapes."""
+    cache; decode also in its speculative (4 tokens x 6 heads -> 32 rows) and unsplit shapes, and the e5m2
+    decode row with the other widening too (the inline PTX must assemble for sm_70 and sm_90)."""
     arch = arch_from_cc(cc)
     act = "fp16" if arch == 70 else "bf16"
     out = []
 
     def add(c: AttnLaunch, kv: str, d: int, bm: int, split: bool, name: str):
         consts = dict(BS=BLOCK_SIZE, D=d, BLOCK_M=bm, BLOCK_N=c.block_n, FP8=kv == "u8", HAS_GATE=True,
-                      SPLIT=split, TWO_PHASE=c.two_phase)
+                      SPLIT=split, TWO_PHASE=c.two_phase, WIDEN_ASM=kv == "u8" and c.widen_asm)
         warps = c.num_warps if name == "prefill" else decode_warps(c, bm)
         out.append(AotConfig("_paged_attn_kernel", _attn_signature(act, kv), consts, warps, c.num_stages,
-                             f"{name} d{d} kv {kv} rows {bm} split {split}"))
+                             f"{name} d{d} kv {kv} rows {bm} split {split} widen_asm {consts['WIDEN_ASM']}"))
 
     for d in (64, 128, 256):
         for kv in ((act, "u8") if d == 256 else (act,)):
@@ -296,6 +309,8 @@ def aot_configs(cc: int) -> list[AotConfig]:
             for bm, split in (((c.block_m, True), (32, True), (c.block_m, False)) if d == 256 else
                               ((c.block_m, True),)):
                 add(c, kv, d, bm, split, "decode")
+            if kv == "u8":
+                add(dataclasses.replace(c, widen_asm=not c.widen_asm), kv, d, c.block_m, True, "decode")
         sig = {"part_o": "*fp32", "part_ml": "*fp32", "out": f"*{act}", "gate": f"*{act}"}
         sig.update({n: "i32" for n in ("NH", "NUM_SPLITS", "stride_ot", "stride_oh", "stride_gt", "stride_gh")})
         sig.update(D="constexpr", BLOCK_S="constexpr", BLOCK_D="constexpr", HAS_GATE="constexpr")

@@ -8,15 +8,31 @@ import triton.language as tl
 
 
 @triton.jit
-def _kv_tile(cache, p_table, o_n, m_n, kvh, o_d, BS, stride_b, stride_s, stride_h, MASK: tl.constexpr):
-    """[BLOCK_N, len(o_d)] raw cache elements of the keys or values at positions o_n, gathered per row."""
+def _kv_tile(cache, p_table, start, m_n, kvh, o_d, BS, stride_b, stride_s, stride_h, BLOCK_N: tl.constexpr,
+             MASK: tl.constexpr):
+    """[BLOCK_N, len(o_d)] raw cache elements of the keys or values start + [0, BLOCK_N), gathered per row.
+    Every caller's start is a multiple of BLOCK_N (the key loops step by BLOCK_N from multiples of it),
+    so with power-of-two sizes a row's slot in its block is fixed and its block index is start // BS plus
+    a fixed step: no per-key division or modulo, and the in-block offsets are loop-invariant."""
+    o_r = tl.arange(0, BLOCK_N)
+    if BLOCK_N % BS == 0:
+        o_blk = start // BS + o_r // BS
+        o_slot = o_r % BS
+    elif BS % BLOCK_N == 0:  # the whole tile lies in one block
+        o_blk = tl.zeros_like(o_r) + start // BS
+        o_slot = start % BS + o_r
+    else:
+        o_blk = (start + o_r) // BS
+        o_slot = (start + o_r) % BS
     if MASK:
         # [BLOCK_N]
-        b_page = tl.load(p_table + o_n // BS, mask=m_n, other=0)
+        b_page = tl.load(p_table + o_blk, mask=m_n, other=0)
     else:
         # [BLOCK_N]
-        b_page = tl.load(p_table + o_n // BS)
-    p_x = cache + b_page.to(tl.int64) * stride_b + (o_n % BS) * stride_s + kvh * stride_h
+        b_page = tl.load(p_table + o_blk)
+    # block ids and strides are non-negative: zero-extended, the 64-bit product is one wide multiply
+    b_off = b_page.to(tl.uint32, bitcast=True).to(tl.uint64) * stride_b.to(tl.uint32, bitcast=True).to(tl.uint64)
+    p_x = cache + b_off + (o_slot * stride_s + kvh * stride_h)
     if MASK:
         # [BLOCK_N, len(o_d)]
         b_x = tl.load(p_x[:, None] + o_d[None, :], mask=m_n[:, None], other=0)
@@ -26,13 +42,30 @@ def _kv_tile(cache, p_table, o_n, m_n, kvh, o_d, BS, stride_b, stride_s, stride_
     return b_x
 
 
+# e5m2 -> fp16 on one 32-bit register holding two int16 byte pairs, i.e. four e5m2 bytes b0..b3 (ldmatrix
+# leaves the MMA operands that way: a register is two consecutive k of one operand row). The fp16 pair
+# (b0 << 8, b2 << 8) is one byte permute and the pair (b1 << 8, b3 << 8) one mask, where the shift widening
+# costs ~7 instructions per register (per-half shifts, masks and repacking). prmt d, a, b, sel: byte i of d
+# is byte sel[4i+3:4i] of {b, a} (0-3 from a, 4-7 from b, here b = 0).
+E5M2_EVEN_PTX = tl.constexpr("prmt.b32 $0, $1, 0, 0x2404;")
+E5M2_ODD_PTX = tl.constexpr("and.b32 $0, $1, 0xFF00FF00;")
+
+
 @triton.jit
-def _e5m2_pair(b_x, dtype):
+def _e5m2_pair(b_x, dtype, ASM: tl.constexpr):
     """int16 words holding two e5m2 bytes -> (even, odd) elements, exactly (an e5m2 byte is the top
-    byte of an fp16). Kept 16-bit wide so the dot operands load from shared memory with ldmatrix."""
-    b_u = b_x.to(tl.uint16, bitcast=True)
-    b_lo = (b_u << 8).to(tl.uint16).to(tl.float16, bitcast=True).to(dtype)
-    b_hi = (b_u & 0xFF00).to(tl.uint16).to(tl.float16, bitcast=True).to(dtype)
+    byte of an fp16). Kept 16-bit wide so the dot operands load from shared memory with ldmatrix.
+    ASM: the inline-PTX widening (two separate one-result ops, so that Triton still moves the operand
+    layout conversion above them onto the int16 tile); bit-identical to the shifts."""
+    if ASM:
+        b_lo = tl.inline_asm_elementwise(E5M2_EVEN_PTX, "=r,r", [b_x], dtype=tl.float16, is_pure=True,
+                                         pack=2).to(dtype)
+        b_hi = tl.inline_asm_elementwise(E5M2_ODD_PTX, "=r,r", [b_x], dtype=tl.float16, is_pure=True,
+                                         pack=2).to(dtype)
+    else:
+        b_u = b_x.to(tl.uint16, bitcast=True)
+        b_lo = (b_u << 8).to(tl.uint16).to(tl.float16, bitcast=True).to(dtype)
+        b_hi = (b_u & 0xFF00).to(tl.uint16).to(tl.float16, bitcast=True).to(dtype)
     return b_lo, b_hi
 
 

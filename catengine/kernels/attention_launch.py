@@ -22,6 +22,9 @@ class AttnLaunch:
     ctas_per_sm: int = 1     # resident programs per SM (registers, shared memory): decode sizes its
     #                          split count to fill exactly these slots, as a second partial wave
     #                          of programs would nearly double the time
+    widen_asm: bool = False  # e5m2 caches: widen bytes to fp16 with inline PTX (one prmt or one and per
+    #                          4 bytes instead of ~7 shift/mask/repack instructions); CUDA only, the
+    #                          interpreter and other backends fall back to the shifts (same bits)
 
 
 # (arch, head_dim) -> launch. sm_70: no cp.async (stages 1-2), 96 KB of shared memory, and dots

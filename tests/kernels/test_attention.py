@@ -5,11 +5,18 @@ sequence's last block, and the slots after seq_len in a partial last block; a st
 output NaN. Tolerance: the twin is fp32 throughout; the kernel rounds the softmax weights to the dot
 dtype before P @ V (relative 2^-11 for fp16, 2^-8 for bf16 per term, averaging out over keys) and
 rounds the output once, so errors stay within a few units of the output dtype's last place."""
+import dataclasses
+import re
+
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from catengine.kernels import reference as ref
-from catengine.kernels.attention import AttnLaunch, _paged_attention
+from catengine.kernels.arch import arch_of
+from catengine.kernels.attention import AttnLaunch, _paged_attention, table_launch
+from catengine.kernels.attention_decode import E5M2_EVEN_PTX, E5M2_ODD_PTX, _e5m2_pair
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float16: 4e-3, torch.bfloat16: 3e-2}
@@ -117,6 +124,91 @@ def test_small_tiles_both_loop_shapes(two_phase):
     assert_close(got, want, torch.float16)
 
 
+@pytest.mark.parametrize("two_phase,widen_asm", [(False, False), (True, True)])
+def test_blocks_larger_than_key_tile(two_phase, widen_asm):
+    """Block size 32 over 16-key tiles (a tile inside one block); widen_asm falls back to the shifts in
+    the interpreter and must give the same result."""
+    case = make_case([1, 5, 1], [70, 40, 33], 6, 2, 64, 32, torch.uint8, gen=torch.Generator().manual_seed(5))
+    got, want = run_both(case, num_splits=3, cfg=AttnLaunch(16, 16, 4, 1, two_phase, 2, widen_asm))
+    assert_close(got, want, torch.float16)
+
+
+# ----------------------------------------------------------------------------- e5m2 widening
+@triton.jit
+def _widen_kernel(x, lo, hi, ASM: tl.constexpr, BLOCK: tl.constexpr):
+    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    # [BLOCK]
+    b_x = tl.load(x + o)
+    b_lo, b_hi = _e5m2_pair(b_x, tl.float16, ASM)
+    tl.store(lo + o, b_lo)
+    tl.store(hi + o, b_hi)
+
+
+def widen_all_words(asm: bool, device: str):
+    """Every int16 word (every e5m2 byte in both halves) through _e5m2_pair -> (even, odd) fp16 bits."""
+    words = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).to(device)
+    lo, hi = torch.empty(65536, dtype=torch.float16, device=device), torch.empty(65536, dtype=torch.float16,
+                                                                                 device=device)
+    _widen_kernel[(65536 // 1024,)](words, lo, hi, ASM=asm, BLOCK=1024)
+    return words.cpu(), lo.cpu().view(torch.int16), hi.cpu().view(torch.int16)
+
+
+def want_widened(words):
+    b = words.view(torch.uint8).view(-1, 2)  # little-endian: byte 0 is the even element
+    return (ref.e5m2_to_fp16(b[:, 0].contiguous()).view(torch.int16),
+            ref.e5m2_to_fp16(b[:, 1].contiguous()).view(torch.int16))
+
+
+def test_e5m2_widen_all_bytes():
+    """The shift widening (the interpreter's and the default) is the twin's, bit for bit."""
+    words, lo, hi = widen_all_words(False, DEV)
+    want_lo, want_hi = want_widened(words)
+    assert torch.equal(lo, want_lo) and torch.equal(hi, want_hi)
+
+
+def _run_ptx(asm: str, reg: int) -> int:
+    """The two PTX instructions the widening uses, on one 32-bit register (PTX ISA semantics of prmt's
+    default mode: byte i of d = byte sel[4i+3:4i] of {b, a}, bit 3 of a selector replicates the sign)."""
+    op, args = asm.strip().rstrip(";").split(None, 1)
+    d, *src = [a.strip() for a in args.split(",")]
+    assert d == "$0", asm
+    val = [reg if a == "$1" else int(a, 0) for a in src]
+    if op == "and.b32":
+        return val[0] & val[1]
+    assert op == "prmt.b32", asm
+    pool = (val[1] & 0xFFFFFFFF) << 32 | (val[0] & 0xFFFFFFFF)
+    out = 0
+    for i in range(4):
+        sel = (val[2] >> 4 * i) & 0xF
+        byte = (pool >> 8 * (sel & 7)) & 0xFF
+        out |= ((0xFF if byte & 0x80 else 0) if sel & 8 else byte) << 8 * i
+    return out
+
+
+def test_e5m2_widen_ptx_constants():
+    """The inline PTX (run only on a GPU) emulated on registers holding two words, covering every byte
+    value in every position: it must equal the shift widening. The GPU test runs the real thing."""
+    for asm in (E5M2_EVEN_PTX.value, E5M2_ODD_PTX.value):
+        assert re.fullmatch(r"(prmt|and)\.b32 \$0, \$1, [0-9a-fA-Fx]+(, 0x[0-9a-fA-F]+)?;", asm), asm
+    gen = torch.Generator().manual_seed(0)
+    w0 = torch.arange(65536, dtype=torch.int64)
+    w1 = torch.randint(0, 65536, (65536,), generator=gen, dtype=torch.int64)
+    regs = (w0 | w1 << 16).tolist()
+    want = [want_widened(w.to(torch.int32).to(torch.int16)) for w in (w0, w1)]
+    for out, asm in ((0, E5M2_EVEN_PTX.value), (1, E5M2_ODD_PTX.value)):
+        got = torch.tensor([_run_ptx(asm, r) for r in regs], dtype=torch.int64)
+        assert torch.equal((got & 0xFFFF).to(torch.int32).to(torch.int16), want[0][out]), asm
+        assert torch.equal((got >> 16).to(torch.int32).to(torch.int16), want[1][out]), asm
+
+
+@pytest.mark.gpu
+def test_gpu_e5m2_widen_ptx_bits():
+    """The inline-PTX widening, compiled, equals the twin on every int16 word."""
+    words, lo, hi = widen_all_words(True, "cuda")
+    want_lo, want_hi = want_widened(words)
+    assert torch.equal(lo, want_lo) and torch.equal(hi, want_hi)
+
+
 @pytest.mark.gpu  # the Triton 3.9 interpreter multiplies bf16 dot operands as raw uint16 bits
 def test_bf16_small():
     case = make_case([17, 3, 1], [40, 3, 9], 6, 2, 64, 4, torch.bfloat16, dtype=torch.bfloat16,
@@ -150,6 +242,31 @@ def test_gpu_decode_launch_candidates(kv_dtype, cfg):
     seq = [33000, 700, 5, 9000, 16, 130, 4100, 2]
     case = make_case([min(2, s) for s in seq], seq, bs=16, kv_dtype=kv_dtype,
                      gen=torch.Generator().manual_seed(11), **QWEN27B)
+    got, want = run_both(case, cfg=cfg)
+    assert_close(got, want, torch.float16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("q_len", [1, 3])
+@pytest.mark.parametrize("cfg", [AttnLaunch(16, 128, 4, 3, False, 2, True), AttnLaunch(16, 64, 4, 5, False, 2, True),
+                                 AttnLaunch(16, 128, 4, 3, True, 2, True), AttnLaunch(16, 64, 4, 5, True, 2, True),
+                                 AttnLaunch(16, 32, 4, 5, False, 3, True)], ids=str)
+def test_gpu_decode_widen_asm(cfg, q_len):
+    """e5m2 decode with the inline-PTX widening (the sweep's candidates), real shape, ragged contexts that
+    end mid-block and mid-tile, against the twin."""
+    seq = [33000, 700, 5, 9000, 16, 130, 4100, 2]
+    case = make_case([min(q_len, s) for s in seq], seq, bs=16, kv_dtype=torch.uint8,
+                     gen=torch.Generator().manual_seed(13 + q_len), **QWEN27B)
+    got, want = run_both(case, cfg=cfg)
+    assert_close(got, want, torch.float16)
+
+
+@pytest.mark.gpu
+def test_gpu_prefill_widen_asm():
+    """The prefill row of this GPU with the inline-PTX widening (the sweep times it), e5m2, real shape."""
+    cfg = dataclasses.replace(table_launch(arch_of(torch.device("cuda")), 256, False, True), widen_asm=True)
+    case = make_case([2000, 1, 517, 64], [3000, 900, 517, 2100], bs=16, kv_dtype=torch.uint8,
+                     gen=torch.Generator().manual_seed(7), **QWEN27B)
     got, want = run_both(case, cfg=cfg)
     assert_close(got, want, torch.float16)
 
