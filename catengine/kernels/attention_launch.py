@@ -3,7 +3,7 @@ that pick a row, the decode warps and the split count; split from ``attention.py
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import triton
 
@@ -35,8 +35,11 @@ class AttnLaunch:
 # the K/V tiles it addresses, so num_stages 3-4 leave a single K/V buffer (the next tile's copy
 # starts only after this tile's MMAs) and 5 double-buffers them: fp16 d256 N32 s5 reached 0.90 /
 # 0.76 / 0.80 / 1.06 of copy bandwidth at 1x128K / 8x8K / 64x1K / 32x32K where N64 s3 reached 0.84 /
-# 0.72 / 0.76 / 0.99. e5m2 keeps N128 s3 (spills 22 registers on Triton 3.6, yet best from 32K
-# tokens per sequence up: 0.81 at 32x32K against 0.74 for N64 s5 or N32 s5, within 6% below).
+# 0.72 / 0.76 / 0.99. e5m2 widens bytes with prmt/and (widen_asm) on every row: d256 decode N64 s5
+# then ran 1.50 / 1.64 / 1.69 / 1.78 / 1.91 / 1.88x the fp16 row at 1x32K / 1x128K / 8x8K / 8x32K /
+# 32x32K / 64x8K, where N128 s3 with shifts ran 1.31 / 1.48 / 1.48 / 1.58 / 1.68 / 1.68x; e5m2
+# prefill 1x8K 323 -> 350 TFLOP/s. sm_70/sm_80 take the widening unmeasured (same bits, fewer
+# instructions; prmt exists on both).
 PREFILL = {
     (70, 64): AttnLaunch(64, 32, 8, 1), (70, 128): AttnLaunch(64, 16, 8, 1), (70, 256): AttnLaunch(32, 16, 8, 1),
     (80, 64): AttnLaunch(64, 64, 4, 2, True), (80, 128): AttnLaunch(128, 64, 8, 2, True),
@@ -44,6 +47,7 @@ PREFILL = {
     (90, 64): AttnLaunch(128, 64, 4, 3, True), (90, 128): AttnLaunch(128, 64, 8, 2, True),
     (90, 256): AttnLaunch(128, 64, 8, 2, True),
 }
+PREFILL = {key: replace(row, widen_asm=True) for key, row in PREFILL.items()}
 DECODE = {
     (70, 64): AttnLaunch(16, 64, 8, 2), (70, 128): AttnLaunch(16, 32, 8, 2), (70, 256): AttnLaunch(16, 16, 8, 2),
     (80, 64): AttnLaunch(16, 64, 4, 2, False, 2), (80, 128): AttnLaunch(16, 64, 4, 2, False, 2),
@@ -51,7 +55,8 @@ DECODE = {
     (90, 64): AttnLaunch(16, 128, 4, 3, False, 2), (90, 128): AttnLaunch(16, 64, 4, 3, False, 2),
     (90, 256): AttnLaunch(16, 32, 4, 5, False, 2),
 }
-DECODE_E5M2 = {(90, 256): AttnLaunch(16, 128, 4, 3, False, 2)}
+DECODE_E5M2 = {key: replace(row, widen_asm=True) for key, row in DECODE.items()}
+DECODE_E5M2[(90, 256)] = AttnLaunch(16, 64, 4, 5, False, 2, widen_asm=True)
 
 
 def decode_warps(cfg: AttnLaunch, block_m: int) -> int:
