@@ -11,7 +11,9 @@
 checked against the table's output (to choose the per-architecture table; never at serve time),
 and ``--profile`` prints per-kernel times of ours and fla at 1 x 64K.
 
-Usage: python bench/bench_gdn.py [--only prefill|decode|conv|sweep] [--sweep S] [--no-fla]
+Usage: python bench/bench_gdn.py [--only prefill|decode|conv|sweep|sweep-prefill] [--sweep S] [--no-fla]
+``--only prefill --sweep S``: the prefill table (with fla) then the prefill candidates only;
+``--only sweep-prefill --sweep S``: the prefill candidates alone (no fla, no table first).
 """
 from __future__ import annotations
 
@@ -112,6 +114,7 @@ def bench_prefill(use_fla: bool):
     print_table("Prefill: chunked gated delta rule (bf16, fp32 states in slots)",
                 ["case", "tokens", "ours ms", "fla ms", "fla/ours", "TFLOP/s", "% matmul peak",
                  "wy ms", "h ms", "o ms", "rel diff vs fla"], rows)
+    return {r[0]: r[3] for r in rows}
 
 
 
@@ -178,56 +181,123 @@ def bench_conv():
                 ["case", "us", "MiB moved", "GB/s", "% of copy"], rows)
 
 
-def sweep(t_end: float):
+# prefill candidates for --sweep: GDNTable fields over this device's row, as (label, fields); the
+# first is the row itself. Each runs on all three cases before the next, most promising first, so a
+# sweep cut short by its time limit still has complete rows.
+PREFILL_CANDIDATES = [
+    ("table", {}),
+    ("o loop BK64 BV64 w4 heads-first", dict(o_bk=64, o_bv=64, o_warps=4, o_heads_first=True)),
+    ("wy split BD64 w4 heads-first", dict(wy_split=True, wu_bd=64, wu_warps=4, wy_heads_first=True)),
+    ("wy split + o BK64 BV64 w4", dict(wy_split=True, wu_bd=64, wy_heads_first=True, o_bk=64, o_bv=64,
+                                        o_warps=4, o_heads_first=True)),
+    ("o loop BK64 BV128 w8 heads-first", dict(o_bk=64, o_bv=128, o_warps=8, o_heads_first=True)),
+    ("wy split + o BK64 BV128 w8", dict(wy_split=True, wu_bd=64, wy_heads_first=True, o_bk=64, o_bv=128,
+                                         o_warps=8, o_heads_first=True)),
+    ("o loop BK64 BV128 w8 chunk-first", dict(o_bk=64, o_bv=128, o_warps=8)),
+    ("o loop BK128 BV64 w4 heads-first", dict(o_bk=128, o_bv=64, o_warps=4, o_heads_first=True)),
+    ("wy split BD64 w4 chunk-first", dict(wy_split=True, wu_bd=64, wu_warps=4)),
+    ("wy fused heads-first", dict(wy_heads_first=True)),
+    ("wy split BD128 w8 heads-first", dict(wy_split=True, wu_bd=128, wu_warps=8, wy_heads_first=True)),
+    ("o loop BK64 BV64 w4 s3 heads-first", dict(o_bk=64, o_bv=64, o_warps=4, o_stages=3, o_heads_first=True)),
+    ("wy split + o BK64 BV64 w4 + h BV64", dict(wy_split=True, wu_bd=64, wy_heads_first=True, o_bk=64, o_bv=64,
+                                                 o_warps=4, o_heads_first=True, h_bv=64)),
+    ("wy split + o BK64 BV64 w4, no windows", dict(wy_split=True, wu_bd=64, wy_heads_first=True, o_bk=64,
+                                                    o_bv=64, o_warps=4, o_heads_first=True,
+                                                    overlap_max_programs=0)),
+    ("no windows", dict(overlap_max_programs=0)),
+    ("h BV64", dict(h_bv=64)),
+]
+
+
+class _Sweep:
+    """Rows of the sweep tables; a candidate that fails (shared memory, ...) is reported, not fatal."""
+
+    def __init__(self, t_end: float):
+        self.t_end, self.rows, self.last_err = t_end, [], float("nan")
+
+    def timed(self, label, variant, fn, graph=False, check=None):
+        if time.time() > self.t_end:
+            print(f"  {label} {variant}: skipped (sweep time is up)", flush=True)
+            return float("inf")
+        try:
+            ms = fn() if graph else bench_ms(fn, warmup_ms=5, rep_ms=30)
+            err = check() if check is not None else float("nan")
+        except Exception as e:
+            print(f"  {label} {variant}: failed {type(e).__name__}: {str(e)[:120]}", flush=True)
+            return float("inf")
+        self.rows.append([label, variant, ms, err])
+        self.last_err = err
+        print(f"  {label} {variant}: {ms:.4f} ms (rel diff vs table {err:.1e})", flush=True)
+        return ms
+
+
+def sweep_prefill(sw: _Sweep, fla_ms: dict | None = None):
+    """Every prefill candidate on each case, its output checked against the table's on the same
+    inputs; then per case the fastest checked candidate and the fields that select it."""
+    base = gdr._device_table(torch.device("cuda"))
+    times, cases = {}, {}
+    for name in PREFILL:
+        args = gdn_inputs(PREFILL[name])
+        cases[name] = (args, args[5].clone())
+
+    def run(name, tab):
+        args, ssm0 = cases[name]
+        args[5].copy_(ssm0)
+        o, steps = gdr.chunk_steps(*args, DK ** -0.5, table=tab)
+        for _, launch in steps:
+            launch()
+        return o
+    want = {}
+    for name in PREFILL:
+        want[name] = (run(name, base).clone(), cases[name][0][5].clone())
+
+    def check(name, tab):
+        """The larger of the output's and the final states' relative difference from the table's."""
+        o = run(name, tab)
+        return max(rel(o, want[name][0]), rel(cases[name][0][5], want[name][1]))
+    for label, fields in PREFILL_CANDIDATES:
+        tab = dataclasses.replace(base, **fields)
+        for name in PREFILL:
+            ms = sw.timed(f"prefill {name}", label, lambda: run(name, tab), check=lambda: check(name, tab))
+            # a candidate counts only with its output within the bf16 bound of the tests (2e-2)
+            if ms < float("inf") and sw.last_err < 2e-2:
+                times[(name, label)] = ms
+    cases.clear()  # frees the inputs (the closures above hold the dicts)
+    want.clear()
+    torch.cuda.empty_cache()
+    rows = []
+    for name in PREFILL:
+        got = {lab: ms for (n, lab), ms in times.items() if n == name}
+        if not got:
+            continue
+        best = min(got, key=got.get)
+        fla = (fla_ms or {}).get(name, float("nan"))
+        rows.append([name, best, got[best], got.get("table", float("nan")), fla, fla / got[best]])
+    print_table("Fastest checked prefill candidate per case (fla: this run's bench_prefill, if it ran)",
+                ["case", "candidate", "ms", "table ms", "fla ms", "fla/ours"], rows)
+    complete = [lab for lab, _ in PREFILL_CANDIDATES if all((n, lab) in times for n in PREFILL)]
+    if complete:
+        ref_ms = {n: times.get((n, "table"), 1.0) for n in PREFILL}
+        score = {lab: sum(times[(n, lab)] / ref_ms[n] for n in PREFILL) / len(PREFILL) for lab in complete}
+        best = min(score, key=score.get)
+        print(f"best over all three cases (mean time relative to the table): {best} ({score[best]:.3f}); "
+              f"select it with dataclasses.replace(row, **{dict(PREFILL_CANDIDATES)[best]})", flush=True)
+
+
+def sweep(t_end: float, fla_ms: dict | None = None, only_prefill: bool = False):
     """Other launch tables around this device's table, until the wall clock reaches t_end (never at
     serve time). Every candidate's output is compared with the table's on the same inputs, so a
     table picked from these rows has been checked on this GPU. Order: what decides the most first."""
     base = gdr._device_table(torch.device("cuda"))
     cbase = cv._device_table(torch.device("cuda"))
-    rows = []
+    sw = _Sweep(t_end)
+    timed = sw.timed
+    sweep_prefill(sw, fla_ms)
+    if only_prefill:
+        print_table("Sweep (prefill launch tables, whole op; rel diff: output and state against the table's)",
+                    ["op / case", "variant", "ms", "rel diff"], sw.rows)
+        return
 
-    def timed(label, variant, fn, graph=False, check=None):
-        if time.time() > t_end:
-            return float("inf")
-        try:
-            ms = fn() if graph else bench_ms(fn, warmup_ms=5, rep_ms=30)
-            err = check() if check is not None else float("nan")
-        except Exception as e:  # a candidate that does not compile (shared memory) is reported, not fatal
-            print(f"  {label} {variant}: failed {type(e).__name__}: {str(e)[:120]}", flush=True)
-            return float("inf")
-        rows.append([label, variant, ms, err])
-        print(f"  {label} {variant}: {ms:.4f} ms (rel diff vs table {err:.1e})", flush=True)
-        return ms
-
-    def prefill_variants(name, variants):
-        args = gdn_inputs(PREFILL[name])
-        ssm0 = args[5].clone()
-
-        def run(tab):
-            args[5].copy_(ssm0)
-            o, steps = gdr.chunk_steps(*args, DK ** -0.5, table=tab)
-            for _, launch in steps:
-                launch()
-            return o
-        want = run(base).clone()
-        for label, tab in variants:
-            timed(f"prefill {name}", label, lambda: run(tab), check=lambda: rel(run(tab), want))
-
-    windows = [("table", base), ("no windows", dataclasses.replace(base, overlap_max_programs=0)),
-               ("windows", dataclasses.replace(base, overlap_max_programs=1 << 20)),
-               ("windows 4", dataclasses.replace(base, overlap_max_programs=1 << 20, overlap_segments=4)),
-               ("windows, WY first", dataclasses.replace(base, overlap_max_programs=1 << 20, overlap_wy=False)),
-               ("windows, o last", dataclasses.replace(base, overlap_max_programs=1 << 20, overlap_o=False))]
-    for name in ("1 x 8K", "1 x 64K", "8 x 4K ragged"):
-        prefill_variants(name, windows)
-        torch.cuda.empty_cache()
-    hv = [(f"h BV={bv} warps={nw} stages={ns}", dataclasses.replace(base, h_bv=bv, h_warps=nw, h_stages=ns))
-          for bv, nw, ns in ((64, 4, 2), (16, 4, 2), (32, 4, 3), (32, 8, 2))]
-    ov = [(f"o BV={bv} warps={nw} stages={ns}", dataclasses.replace(base, o_bv=bv, o_warps=nw, o_stages=ns))
-          for bv, nw, ns in ((64, 4, 2), (128, 8, 2), (32, 4, 2))]
-    for name in ("8 x 4K ragged", "1 x 8K", "1 x 64K"):
-        prefill_variants(name, hv + ov)
-        torch.cuda.empty_cache()
     def decode_check(b, tab):
         """Output and new states of one decode step against the table's (state rel diff; o's the same)."""
         q, k, v, g, beta, ssm, qsl, slots, has = gdn_inputs([1] * b, seed=7)
@@ -259,7 +329,7 @@ def sweep(t_end: float):
             tab = dataclasses.replace(cbase, update=cv.ConvLaunch(1, bc, nw, 1))
             timed(f"conv decode {b}", f"BC={bc} warps={nw}", lambda: conv_decode_ms(b, tab)[0], graph=True)
     print_table("Sweep (other launch parameters, whole op; rel diff: output against the table's)",
-                ["op / case", "variant", "ms", "rel diff"], rows)
+                ["op / case", "variant", "ms", "rel diff"], sw.rows)
 
 
 def profile_64k():
@@ -292,7 +362,7 @@ def main():
     ap.add_argument("--sweep", type=float, default=0.0,
                     help="time other launch tables until this many seconds after the start")
     ap.add_argument("--no-fla", action="store_true")
-    ap.add_argument("--only", choices=["prefill", "decode", "conv", "sweep"], default=None)
+    ap.add_argument("--only", choices=["prefill", "decode", "conv", "sweep", "sweep-prefill"], default=None)
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
     t0 = time.time()
@@ -301,12 +371,11 @@ def main():
         bench_decode()
     if args.only in (None, "conv"):
         bench_conv()
-    if args.only in (None, "prefill"):
-        bench_prefill(not args.no_fla)
+    fla_ms = bench_prefill(not args.no_fla) if args.only in (None, "prefill") else None
     if args.profile:
         profile_64k()
-    if args.sweep > 0 or args.only == "sweep":
-        sweep(t0 + (args.sweep or 60.0))
+    if args.sweep > 0 or args.only in ("sweep", "sweep-prefill"):
+        sweep(t0 + (args.sweep or 60.0), fla_ms, only_prefill=args.only in ("prefill", "sweep-prefill"))
 
 
 if __name__ == "__main__":

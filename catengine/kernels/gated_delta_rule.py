@@ -3,13 +3,13 @@ decode are in :mod:`catengine.kernels.gdn_recurrent`, which shares this module's
 
 Chunked prefill over a varlen batch is three kernels (after a tiny one for chunk offsets), the
 structure of flash-linear-attention's chunk_gated_delta_rule:
-1. ``gdn_chunk_wy_kernel`` (chunk x value head, all parallel): l2norm(k), cumulative log decay,
-   A = beta K K^T * decay (strictly lower), X = (I + A)^-1 by forward substitution on the four
-   16x16 diagonal blocks and two block-merge levels, then w = X (beta k e^g) and u = X (beta v),
-   stored in the activation dtype.
+1. WY (chunk x value head, all parallel; :mod:`.gdn_chunk_wy`): l2norm(k), cumulative log decay,
+   X = (I + beta K K^T * decay)^-1, then w = X (beta k e^g) and u = X (beta v), in one kernel or
+   (``GDNTable.wy_split``) as the inverse to memory and a w/u kernel tiled over dk and dv.
 2. ``gdn_chunk_h_kernel`` (sequence x value head x dv block, sequential over chunks): the state
    recurrence alone, storing the state at each chunk's start and v_new (:mod:`.gdn_chunk_ho`).
-3. ``gdn_chunk_o_kernel`` (chunk x value head x dv block, all parallel): the output.
+3. ``gdn_chunk_o_kernel`` (chunk x value head x dv block, all parallel): the output; or
+   (``GDNTable.o_bk`` > 0) ``gdn_chunk_o_loop_kernel``, dk in BK tiles, optionally heads-first grid.
 The serial kernel has few programs for one or two long sequences and leaves SMs idle; then the
 chunks are cut into windows: WY of window i+1 and the output of window i-1 run on two side
 streams while the recurrence does window i, handing its state on through the slot.
@@ -28,7 +28,8 @@ import triton.language as tl
 
 from .aot import AotConfig
 from .arch import arch_from_cc, arch_of
-from .gdn_chunk_ho import _find_seq, gdn_chunk_h_kernel, gdn_chunk_o_kernel
+from .gdn_chunk_ho import gdn_chunk_h_kernel, gdn_chunk_o_kernel, gdn_chunk_o_loop_kernel
+from .gdn_chunk_wy import gdn_chunk_inv_kernel, gdn_chunk_wu_kernel, gdn_chunk_wy_kernel
 
 BT = 64  # chunk length; the WY kernel is written for 4 sub-blocks of 16
 
@@ -53,6 +54,17 @@ class GDNTable:
     overlap_segments: int = 8
     overlap_wy: bool = True     # with windows: WY beside the serial kernel (else all of it first)
     overlap_o: bool = True      # with windows: the output beside the serial kernel (else all of it last)
+    # output kernel: 0 the single-block kernel; 64 / 128 the kernel that walks dk in BK-row tiles with
+    # one accumulator, its grid heads-first (the Hv x dv-block programs of a chunk adjacent) if asked
+    o_bk: int = 0
+    o_heads_first: bool = False
+    # WY as two kernels (inverse to memory, then w and u BD columns at a time); either form's grid
+    # heads-first if asked (the value heads of a chunk, which share its keys, adjacent)
+    wy_split: bool = False
+    wu_bd: int = 64
+    wu_warps: int = 4
+    wu_stages: int = 2
+    wy_heads_first: bool = False
 
 
 _TABLE = {
@@ -66,7 +78,11 @@ _TABLE = {
     # 230 registers: one program per SM). Windows: 64K 8.33 vs 10.0 without, 8 x 4K 4.18 vs 4.93
     # (1536 serial programs; not measured above that, hence the bound). WY 4 warps (8: 1.8x slower).
     # Decode BV 64 / 4 warps (BV 32 / 2-4 warps within 1%, BV 16 and 8 warps slower at 8-256).
-    # sm_80 copies it unmeasured (no A100 here).
+    # sm_80 copies it unmeasured (no A100 here). The dk-tiled output kernel and the split WY (o_bk,
+    # wy_split, *_heads_first) stay off until an H200 sweep (bench_gdn.py --only sweep-prefill) times
+    # them. Registers per thread at sm_90 (Triton 3.9's PTX through ptxas 13.4, strides hinted % 16):
+    # output single-block BV 128 / 8 warps 181, tiled BK 64 / BV 128 / 8 warps 126, BK 64 / BV 64 /
+    # 4 warps 164; fused WY 187, inverse 150, w/u (BD 64, 4 warps) 98.
     80: GDNTable(wy_warps=4, wy_dot="tf32", h_bv=32, h_warps=4, h_stages=2, o_bv=128, o_warps=8, o_stages=2,
                  rec_bv=64, rec_warps=4, overlap_max_programs=4096),
     90: GDNTable(wy_warps=4, wy_dot="tf32", h_bv=32, h_warps=4, h_stages=2, o_bv=128, o_warps=8, o_stages=2,
@@ -93,96 +109,6 @@ def gdn_chunk_offsets_kernel(qsl, cu_chunks, B, BT: tl.constexpr, BB: tl.constex
         b_c = (b_n + BT - 1) // BT
         tl.store(cu_chunks + o_b + 1, tl.cumsum(b_c, 0) + carry, mask=m_b)
         carry += tl.sum(b_c, 0)
-
-
-# ---------------------------------------------------------------- chunked prefill
-@triton.jit
-def _k_rows(k, o_tt, m_t, i_hk, stride_k_t, stride_k_h, K: tl.constexpr, BK: tl.constexpr,
-            USE_L2NORM: tl.constexpr):
-    """The chunk's keys as stored, [64, BK], and the factor that l2-normalises each row, [64] fp32."""
-    o_k = tl.arange(0, BK)
-    # [64, BK]
-    b_k = tl.load(k + o_tt[:, None] * stride_k_t + i_hk * stride_k_h + o_k[None, :],
-                  mask=m_t[:, None] & (o_k < K)[None, :], other=0.)
-    if USE_L2NORM:
-        b_n = tl.rsqrt(tl.sum(b_k.to(tl.float32) * b_k.to(tl.float32), 1) + 1e-6)
-    else:
-        b_n = tl.sum(b_k.to(tl.float32), 1) * 0. + 1.
-    return b_k, b_n
-
-
-@triton.jit
-def _wy_kkt(k, b_g, b_b, o_tt, m_t, i_hk, stride_k_t, stride_k_h, DT: tl.constexpr, K: tl.constexpr,
-            BK: tl.constexpr, USE_L2NORM: tl.constexpr):
-    """A = beta K K^T * decay: [64, 64], strictly lower (K l2-normalised if asked), and the norms."""
-    o_t = tl.arange(0, 64)
-    b_k, b_n = _k_rows(k, o_tt, m_t, i_hk, stride_k_t, stride_k_h, K, BK, USE_L2NORM)
-    b_k = (b_k.to(tl.float32) * b_n[:, None]).to(DT)
-    # above the diagonal the exponent is > 0: clamp it, the mask drops those entries anyway
-    b_a = tl.dot(b_k, tl.trans(b_k))
-    b_a = tl.where(o_t[:, None] > o_t[None, :], b_a * tl.exp(tl.minimum(b_g[:, None] - b_g[None, :], 0.)), 0.)
-    return b_a * b_b[:, None], b_n
-
-
-@triton.jit
-def gdn_chunk_wy_kernel(k, v, g, beta, w, u, kn, qsl, cu_chunks, c_lo, B, HV, R, stride_k_t, stride_k_h, stride_v_t,
-                        stride_v_h, stride_g_t, stride_beta_t, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
-                        BV: tl.constexpr, USE_L2NORM: tl.constexpr, DOT: tl.constexpr):
-    i_c, i_h = tl.program_id(0) + c_lo, tl.program_id(1)
-    i_hk = i_h // R
-    i_b = _find_seq(cu_chunks, B, i_c)
-    eos = tl.load(qsl + i_b + 1)
-    t = tl.load(qsl + i_b) + (i_c - tl.load(cu_chunks + i_b)) * 64
-    if t >= eos:
-        return
-    DT = w.dtype.element_ty
-    o_t = tl.arange(0, 64)
-    o_i = tl.arange(0, 16)
-    o_s = tl.arange(0, 4)
-    o_k = tl.arange(0, BK)
-    o_v = tl.arange(0, BV)
-    m_t = (t + o_t) < eos
-    o_tt = (t + o_t).to(tl.int64)
-    # [64]; rows past the end load g = 0, so the cumulative decay stays flat there
-    b_g = tl.cumsum(tl.load(g + o_tt * stride_g_t + i_h, mask=m_t, other=0.), 0)
-    b_b = tl.load(beta + o_tt * stride_beta_t + i_h, mask=m_t, other=0.)
-    # the four 16x16 diagonal blocks of -A: [4, 16, 16]
-    m_dd = (o_s[:, None, None, None] == o_s[None, None, :, None])  # [4, 1, 4, 1]: same 16-block
-    b_a, b_n = _wy_kkt(k, b_g, b_b, o_tt, m_t, i_hk, stride_k_t, stride_k_h, DT, K, BK, USE_L2NORM)
-    b_d = -tl.sum(tl.where(m_dd, tl.reshape(b_a, (4, 16, 4, 16)), 0.), 2)
-    # forward substitution, all four blocks at once: step i turns row i into row i of X_ii - I,
-    # reading only rows < i (already done); rows 0 and 1 are done from the start, rows past the
-    # end of the sequence are zero
-    for i in range(2, tl.minimum(eos - t, 16)):
-        m_i = (o_i == i)[None, :, None]
-        b_r = tl.sum(tl.where(m_i, b_d, 0.), 1)
-        b_r = b_r + tl.where((o_i < i)[None, :], tl.sum(b_r[:, :, None] * b_d, 1), 0.)
-        b_d = tl.where(m_i, b_r[:, None, :], b_d)
-    b_d = b_d + (o_i[:, None] == o_i[None, :])[None, :, :].to(tl.float32)
-    # block merge: with X_s the inverse of the s-blocks' diagonal, X_2s = X_s - X_s A_off X_s, A_off
-    # the part of A inside a 2s-block but outside its s-blocks. [64, 64]
-    b_x = tl.reshape(tl.where(m_dd, b_d[:, :, None, :], 0.), (64, 64))
-    m_32 = (o_t // 32)[:, None] == (o_t // 32)[None, :]
-    b_off = tl.where(m_32 & ((o_t // 16)[:, None] != (o_t // 16)[None, :]), b_a, 0.)
-    b_x = b_x - tl.dot(tl.dot(b_x, b_off, input_precision=DOT), b_x, input_precision=DOT)
-    b_off = tl.where(m_32, 0., b_a)
-    b_x = b_x - tl.dot(tl.dot(b_x, b_off, input_precision=DOT), b_x, input_precision=DOT)
-    # w = X (beta k e^g), u = X (beta v); k is loaded again (an L2 hit) rather than kept live
-    # through the substitution. The norms go to memory so that the later kernels take k as it is
-    # stored as a matmul operand and scale the products instead.
-    b_x = b_x.to(DT)
-    o_r = o_tt * HV + i_h
-    tl.store(kn + o_r, b_n, mask=m_t)
-    m_tk = m_t[:, None] & (o_k < K)[None, :]
-    # [64, BK]
-    b_k = tl.load(k + o_tt[:, None] * stride_k_t + i_hk * stride_k_h + o_k[None, :], mask=m_tk, other=0.)
-    b_w = tl.dot(b_x, (b_k.to(tl.float32) * (b_n * b_b * tl.exp(b_g))[:, None]).to(DT))
-    tl.store(w + o_r[:, None] * K + o_k[None, :], b_w.to(DT), mask=m_tk)
-    # [64, BV]
-    m_tv = m_t[:, None] & (o_v < V)[None, :]
-    b_v = tl.load(v + o_tt[:, None] * stride_v_t + i_h * stride_v_h + o_v[None, :], mask=m_tv, other=0.)
-    b_u = tl.dot(b_x, (b_v.to(tl.float32) * b_b[:, None]).to(DT))
-    tl.store(u + o_r[:, None] * V + o_v[None, :], b_u.to(DT), mask=m_tv)
 
 
 # ---------------------------------------------------------------- host side
@@ -245,15 +171,28 @@ def chunk_steps(q, k, v, g, beta, ssm_states, qsl, state_slots, has_init, scale,
     vn = torch.empty((t, hv, dv), dtype=dt, device=dev)
     hb = torch.empty((nt, hv, dk, dv), dtype=dt, device=dev)  # the state at each chunk's start
     kn = torch.empty((t, hv), dtype=torch.float32, device=dev)  # 1 / |k| per token (and value head)
+    # row t of its chunk's (I + A)^-1, only when WY runs as two kernels
+    ai = torch.empty((t, hv, BT) if cfg.wy_split else (0,), dtype=dt, device=dev)
 
     def offsets():
         gdn_chunk_offsets_kernel[(1,)](qsl, cu, nb, BT=BT, BB=128, num_warps=4)
 
     def wy(c_lo=0, c_hi=nt):
-        gdn_chunk_wy_kernel[(c_hi - c_lo, hv)](
-            k, v, g, beta, w, u, kn, qsl, cu, c_lo, nb, hv, r, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            g.stride(0), beta.stride(0), K=dk, V=dv, BK=bk, BV=bv, USE_L2NORM=l2, DOT=cfg.wy_dot,
+        grid = (hv, c_hi - c_lo) if cfg.wy_heads_first else (c_hi - c_lo, hv)
+        if not cfg.wy_split:
+            gdn_chunk_wy_kernel[grid](
+                k, v, g, beta, w, u, kn, qsl, cu, c_lo, nb, hv, r, k.stride(0), k.stride(1), v.stride(0),
+                v.stride(1), g.stride(0), beta.stride(0), K=dk, V=dv, BK=bk, BV=bv, USE_L2NORM=l2, DOT=cfg.wy_dot,
+                HEADS_FIRST=cfg.wy_heads_first, num_warps=cfg.wy_warps, num_stages=1)
+            return
+        gdn_chunk_inv_kernel[grid](
+            k, g, beta, ai, kn, qsl, cu, c_lo, nb, hv, r, k.stride(0), k.stride(1), g.stride(0), beta.stride(0),
+            K=dk, BK=bk, USE_L2NORM=l2, DOT=cfg.wy_dot, HEADS_FIRST=cfg.wy_heads_first,
             num_warps=cfg.wy_warps, num_stages=1)
+        gdn_chunk_wu_kernel[grid](
+            k, v, g, beta, ai, kn, w, u, qsl, cu, c_lo, nb, hv, r, k.stride(0), k.stride(1), v.stride(0),
+            v.stride(1), g.stride(0), beta.stride(0), K=dk, V=dv, BD=min(cfg.wu_bd, max(bk, bv)),
+            HEADS_FIRST=cfg.wy_heads_first, num_warps=cfg.wu_warps, num_stages=cfg.wu_stages)
 
     def state(c_lo=0, c_hi=nt):
         gdn_chunk_h_kernel[(nb * hv, triton.cdiv(dv, hbv))](
@@ -262,9 +201,15 @@ def chunk_steps(q, k, v, g, beta, ssm_states, qsl, state_slots, has_init, scale,
             num_warps=cfg.h_warps, num_stages=cfg.h_stages)
 
     def out(c_lo=0, c_hi=nt):
-        gdn_chunk_o_kernel[(c_hi - c_lo, hv, triton.cdiv(dv, obv))](
-            q, k, vn, hb, g, kn, o, qsl, cu, c_lo, nb, hv, r, float(scale), q.stride(0), q.stride(1), k.stride(0),
-            k.stride(1), g.stride(0), o.stride(0), o.stride(1), K=dk, V=dv, BK=bk, BV=obv, USE_L2NORM=l2,
+        args = (q, k, vn, hb, g, kn, o, qsl, cu, c_lo, nb, hv, r, float(scale), q.stride(0), q.stride(1),
+                k.stride(0), k.stride(1), g.stride(0), o.stride(0), o.stride(1))
+        if not cfg.o_bk:
+            gdn_chunk_o_kernel[(c_hi - c_lo, hv, triton.cdiv(dv, obv))](
+                *args, K=dk, V=dv, BK=bk, BV=obv, USE_L2NORM=l2, num_warps=cfg.o_warps, num_stages=cfg.o_stages)
+            return
+        heads = hv * triton.cdiv(dv, obv)
+        gdn_chunk_o_loop_kernel[(heads, c_hi - c_lo) if cfg.o_heads_first else (c_hi - c_lo, heads)](
+            *args, K=dk, V=dv, BK=min(cfg.o_bk, bk), BV=obv, USE_L2NORM=l2, HEADS_FIRST=cfg.o_heads_first,
             num_warps=cfg.o_warps, num_stages=cfg.o_stages)
 
     n_state = nb * hv * triton.cdiv(dv, hbv)
@@ -316,18 +261,25 @@ def chunk_steps(q, k, v, g, beta, ssm_states, qsl, state_slots, has_init, scale,
 TRITON_OPS = {"chunk_gated_delta_rule": chunk_gated_delta_rule}
 
 
-def _aot(kernel, ptrs: dict, consts: dict, num_warps: int, num_stages: int, name: str) -> AotConfig:
-    """Signature from the kernel's argument names: pointers as given, ``scale`` fp32, other ints i32."""
+def _aot(kernel, ptrs: dict, consts: dict, num_warps: int, num_stages: int, name: str,
+         strides16: bool = False) -> AotConfig:
+    """Signature from the kernel's argument names: pointers as given, ``scale`` fp32, other ints i32.
+    ``strides16``: the strides and HV are multiples of 16 at the model's shapes, and Triton
+    specialises on that at run time (vectorised loads, fewer address registers), so the build checked
+    here is the one that runs."""
     sig = {a: "constexpr" if a in consts else ptrs.get(a, "fp32" if a == "scale" else "i32")
            for a in kernel.arg_names}
+    div = tuple(a for a in sig if a.startswith("stride_") or a == "HV") if strides16 else ()
     return AotConfig(kernel.fn.__name__ if hasattr(kernel, "fn") else kernel.__name__, sig, consts,
-                     num_warps, num_stages, name)
+                     num_warps, num_stages, name, div)
 
 
 def aot_configs(cc: int) -> list[AotConfig]:
     """Every launch of this architecture's table at the model's head dims (dk = dv = 128), for each
     activation dtype each architecture serves (fp16 on sm_70, which has no bf16; bf16
-    from sm_80 on: the fp16 build of the same tiles has the same shared-memory footprint)."""
+    from sm_80 on: the fp16 build of the same tiles has the same shared-memory footprint). The
+    alternative WY and output kernels are built too (the output one with BK 64 when the row leaves
+    it off), so switching a row to them cannot break the build."""
     c = _TABLE[arch_from_cc(cc)]
     out = []
     for dt in (["fp16"] if cc < 80 else ["bf16"]):
@@ -336,13 +288,26 @@ def aot_configs(cc: int) -> list[AotConfig]:
         out += [
             _aot(gdn_chunk_wy_kernel, {"k": p, "v": p, "g": f32, "beta": f32, "w": p, "u": p, "kn": f32,
                                        "qsl": i32, "cu_chunks": i32},
-                 dict(dims, BV=128, DOT=c.wy_dot), c.wy_warps, 1, f"chunk_wy_{dt}"),
+                 dict(dims, BV=128, DOT=c.wy_dot, HEADS_FIRST=c.wy_heads_first), c.wy_warps, 1, f"chunk_wy_{dt}",
+                 True),
             _aot(gdn_chunk_h_kernel, {"k": p, "w": p, "u": p, "g": f32, "kn": f32, "vn": p, "hb": p, "ssm": f32,
                                       "qsl": i32, "cu_chunks": i32, "state_slots": i32, "has_init": "*i1"},
-                 {"K": 128, "V": 128, "BK": 128, "BV": c.h_bv}, c.h_warps, c.h_stages, f"chunk_h_{dt}"),
+                 {"K": 128, "V": 128, "BK": 128, "BV": c.h_bv}, c.h_warps, c.h_stages, f"chunk_h_{dt}", True),
             _aot(gdn_chunk_o_kernel, {"q": p, "k": p, "vn": p, "hb": p, "g": f32, "kn": f32, "o": p, "qsl": i32,
                                       "cu_chunks": i32},
-                 dict(dims, BV=c.o_bv), c.o_warps, c.o_stages, f"chunk_o_{dt}"),
+                 dict(dims, BV=c.o_bv), c.o_warps, c.o_stages, f"chunk_o_{dt}", True),
+            _aot(gdn_chunk_o_loop_kernel, {"q": p, "k": p, "vn": p, "hb": p, "g": f32, "kn": f32, "o": p,
+                                           "qsl": i32, "cu_chunks": i32},
+                 dict(dims, BK=c.o_bk or 64, BV=c.o_bv, HEADS_FIRST=c.o_heads_first), c.o_warps, c.o_stages,
+                 f"chunk_o_loop_{dt}", True),
+            _aot(gdn_chunk_inv_kernel, {"k": p, "g": f32, "beta": f32, "ai": p, "kn": f32, "qsl": i32,
+                                        "cu_chunks": i32},
+                 {"K": 128, "BK": 128, "USE_L2NORM": True, "DOT": c.wy_dot, "HEADS_FIRST": c.wy_heads_first},
+                 c.wy_warps, 1, f"chunk_inv_{dt}", True),
+            _aot(gdn_chunk_wu_kernel, {"k": p, "v": p, "g": f32, "beta": f32, "ai": p, "kn": f32, "w": p, "u": p,
+                                       "qsl": i32, "cu_chunks": i32},
+                 {"K": 128, "V": 128, "BD": c.wu_bd, "HEADS_FIRST": c.wy_heads_first}, c.wu_warps, c.wu_stages,
+                 f"chunk_wu_{dt}", True),
         ]
     out.append(_aot(gdn_chunk_offsets_kernel, {"qsl": i32, "cu_chunks": i32}, {"BT": BT, "BB": 128}, 4, 1,
                     "chunk_offsets"))

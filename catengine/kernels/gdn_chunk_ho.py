@@ -8,6 +8,10 @@
    need the state (the output, q, q k^T) moved to stage 3.
 3. ``gdn_chunk_o_kernel`` (chunk x value head x dv block, all parallel):
    o = e^g (q S_chunk) + tril(q k^T * e^{g_i - g_j}) v_new.
+   ``gdn_chunk_o_loop_kernel`` is the same output with the dk dimension walked in BK-row tiles of q, k
+   and S (both products accumulate over the tiles, then A v_new chains into the same accumulator),
+   which holds fewer registers than whole 128-wide tiles; its grid can put the value heads and dv
+   blocks of one chunk side by side, so the programs that read the same q and k run together.
 Same structure as flash-linear-attention's chunk_delta_h / chunk_o; the matmul operands are in the
 activation dtype with fp32 accumulation, the carried state is fp32.
 """
@@ -126,4 +130,66 @@ def gdn_chunk_o_kernel(q, k, vn, hb, g, kn, o, qsl, cu_chunks, c_lo, B, HV, R, s
     b_o = tl.dot(b_q, b_h) * tl.exp(b_g)[:, None] + tl.dot(b_a.to(DT), b_v)
     b_o = b_o * b_sq[:, None]
     tl.store(o + o_tt[:, None] * stride_o_t + i_h * stride_o_h + o_v[None, :], b_o.to(o.dtype.element_ty),
+             mask=m_t[:, None] & m_v[None, :])
+
+
+@triton.jit
+def gdn_chunk_o_loop_kernel(q, k, vn, hb, g, kn, o, qsl, cu_chunks, c_lo, B, HV, R, scale, stride_q_t, stride_q_h,
+                            stride_k_t, stride_k_h, stride_g_t, stride_o_t, stride_o_h, K: tl.constexpr,
+                            V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr,
+                            HEADS_FIRST: tl.constexpr):
+    # HEADS_FIRST: grid (Hv * NV, chunks), the Hv * NV programs of one chunk adjacent (R value heads
+    # per key head read the same q, k); else (chunks, Hv * NV) as the single-block kernel
+    if HEADS_FIRST:
+        i_c, i_hv = tl.program_id(1) + c_lo, tl.program_id(0)
+    else:
+        i_c, i_hv = tl.program_id(0) + c_lo, tl.program_id(1)
+    i_h, i_v = i_hv // ((V + BV - 1) // BV), i_hv % ((V + BV - 1) // BV)
+    i_hk = i_h // R
+    i_b = _find_seq(cu_chunks, B, i_c)
+    eos = tl.load(qsl + i_b + 1)
+    t = tl.load(qsl + i_b) + (i_c - tl.load(cu_chunks + i_b)) * 64
+    if t >= eos:
+        return
+    DT = hb.dtype.element_ty
+    o_t = tl.arange(0, 64)
+    m_t = (t + o_t) < eos
+    o_tt = (t + o_t).to(tl.int64)
+    # 64-bit scalar bases, 32-bit offsets inside the chunk
+    p_q = q + t.to(tl.int64) * stride_q_t + i_hk * stride_q_h
+    p_k = k + t.to(tl.int64) * stride_k_t + i_hk * stride_k_h
+    p_h = hb + (i_c.to(tl.int64) * HV + i_h) * (K * V) + i_v * BV
+    o_v = tl.arange(0, BV)
+    m_v = (i_v * BV + o_v) < V
+    # [64]
+    b_g = tl.cumsum(tl.load(g + o_tt * stride_g_t + i_h, mask=m_t, other=0.), 0)
+    b_sk = tl.load(kn + o_tt * HV + i_h, mask=m_t, other=0.)
+    b_o = tl.zeros([64, BV], dtype=tl.float32)
+    b_a = tl.zeros([64, 64], dtype=tl.float32)
+    b_qq = tl.zeros([64], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        o_k = k0 + tl.arange(0, BK)
+        m_k = o_k < K
+        # [64, BK], [BK, 64], [BK, BV]
+        b_q = tl.load(p_q + o_t[:, None] * stride_q_t + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
+        b_k = tl.load(p_k + o_t[None, :] * stride_k_t + o_k[:, None], mask=m_k[:, None] & m_t[None, :], other=0.)
+        b_h = tl.load(p_h + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
+        b_o = tl.dot(b_q, b_h, acc=b_o)
+        b_a = tl.dot(b_q, b_k, acc=b_a)
+        if USE_L2NORM:
+            b_qq += tl.sum(b_q.to(tl.float32) * b_q.to(tl.float32), 1)
+    # [64, BV]
+    b_v = tl.load(vn + (t.to(tl.int64) * HV + i_h) * V + i_v * BV + o_t[:, None] * (HV * V) + o_v[None, :],
+                  mask=m_t[:, None] & m_v[None, :], other=0.)
+    # the norms scale rows and columns of the fp32 products (the query's row scale applies to both
+    # terms, so it comes last); causal q k^T * decay, the exponent clamped above the diagonal
+    b_a = tl.where(o_t[:, None] >= o_t[None, :],
+                   b_a * b_sk[None, :] * tl.exp(tl.minimum(b_g[:, None] - b_g[None, :], 0.)), 0.)
+    b_o = tl.dot(b_a.to(DT), b_v, acc=b_o * tl.exp(b_g)[:, None])
+    b_sq = b_g * 0 + scale
+    if USE_L2NORM:
+        b_sq = b_sq * tl.rsqrt(b_qq + 1e-6)
+    b_o = b_o * b_sq[:, None]
+    p_o = o + t.to(tl.int64) * stride_o_t + i_h * stride_o_h + i_v * BV
+    tl.store(p_o + o_t[:, None] * stride_o_t + o_v[None, :], b_o.to(o.dtype.element_ty),
              mask=m_t[:, None] & m_v[None, :])
