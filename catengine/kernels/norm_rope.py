@@ -24,7 +24,7 @@ MAX_HIDDEN = 65536  # rms_norm keeps one row in registers
 @dataclass(frozen=True)
 class RowLaunch:
     num_warps: int
-    block_r: int = 1     # rows per program (rows of a few hundred elements)
+    block_r: int = 1     # rows per program (head-sized rows; rms_norm too, for the launch sweep)
     block: int = 1024    # columns per program (silu_mul)
 
 
@@ -44,28 +44,41 @@ def _launch(device, op: str) -> RowLaunch:
     return TABLE[arch_of(device)][op]
 
 
+def _rms_launch(tab: dict, residual: bool) -> RowLaunch:
+    """An arch's rms_norm launch; with the residual add its optional "rms_norm_res" row (twice the bytes
+    per row, so its best launch may differ)."""
+    return tab.get("rms_norm_res", tab["rms_norm"]) if residual else tab["rms_norm"]
+
+
 @triton.jit
-def _rms_norm_kernel(x, residual, weight, y, s_out, H, eps, stride_x, stride_r, stride_y, stride_s,
-                     BLOCK_H: tl.constexpr, HAS_RES: tl.constexpr):
-    i_t = tl.program_id(0).to(tl.int64)
+def _rms_norm_kernel(x, residual, weight, y, s_out, T, H, eps, stride_x, stride_r, stride_y, stride_s,
+                     BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, HAS_RES: tl.constexpr):
+    o_t = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     o_h = tl.arange(0, BLOCK_H)
     m_h = o_h < H
-    # [BLOCK_H]
-    b_x = tl.load(x + i_t * stride_x + o_h, mask=m_h, other=0.0)
+    m = (o_t < T)[:, None] & m_h[None, :]
+    # [BLOCK_R, BLOCK_H]
+    b_x = tl.load(x + o_t[:, None] * stride_x + o_h[None, :], mask=m, other=0.0)
     if HAS_RES:
-        # [BLOCK_H]
-        b_r = tl.load(residual + i_t * stride_r + o_h, mask=m_h, other=0.0)
+        # [BLOCK_R, BLOCK_H]
+        b_r = tl.load(residual + o_t[:, None] * stride_r + o_h[None, :], mask=m, other=0.0)
         b_x = (b_x.to(tl.float32) + b_r.to(tl.float32)).to(b_x.dtype)
-        tl.store(s_out + i_t * stride_s + o_h, b_x, mask=m_h)
+        tl.store(s_out + o_t[:, None] * stride_s + o_h[None, :], b_x, mask=m)
     b_xf = b_x.to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(b_xf * b_xf, 0) / H + eps)
+    rstd = tl.rsqrt(tl.sum(b_xf * b_xf, 1) / H + eps)
     # [BLOCK_H]
     b_w = tl.load(weight + o_h, mask=m_h, other=0.0).to(tl.float32)
-    tl.store(y + i_t * stride_y + o_h, (b_xf * rstd * (1.0 + b_w)).to(y.dtype.element_ty), mask=m_h)
+    tl.store(y + o_t[:, None] * stride_y + o_h[None, :],
+             (b_xf * rstd[:, None] * (1.0 + b_w[None, :])).to(y.dtype.element_ty), mask=m)
 
 
 def rms_norm(x, weight, eps: float, residual=None):
     """Triton twin of :func:`catengine.kernels.reference.rms_norm`."""
+    return _rms_norm(x, weight, eps, residual)
+
+
+def _rms_norm(x, weight, eps: float, residual=None, cfg: RowLaunch | None = None):
+    """``cfg`` overrides the table's launch (the benchmark's sweep)."""
     if x.dim() != 2 or x.stride(-1) != 1 or weight.shape != (x.shape[1],):
         raise ConfigError(f"rms_norm: x must be [T, H] contiguous in H with weight [H]; got x {tuple(x.shape)} "
                           f"stride {x.stride()}, weight {tuple(weight.shape)}")
@@ -78,9 +91,11 @@ def rms_norm(x, weight, eps: float, residual=None):
     s = torch.empty_like(y) if residual is not None else y
     r = residual if residual is not None else x
     if t:
-        _rms_norm_kernel[(t,)](x, r, weight, y, s, h, eps, x.stride(0), r.stride(0), y.stride(0), s.stride(0),
-                               BLOCK_H=triton.next_power_of_2(h), HAS_RES=residual is not None,
-                               num_warps=_launch(x.device, "rms_norm").num_warps)
+        cfg = cfg or _rms_launch(TABLE[arch_of(x.device)], residual is not None)
+        _rms_norm_kernel[(triton.cdiv(t, cfg.block_r),)](
+            x, r, weight, y, s, t, h, eps, x.stride(0), r.stride(0), y.stride(0), s.stride(0),
+            BLOCK_R=cfg.block_r, BLOCK_H=triton.next_power_of_2(h), HAS_RES=residual is not None,
+            num_warps=cfg.num_warps)
     return y if residual is None else (y, s)
 
 
@@ -243,10 +258,11 @@ def aot_configs(cc: int) -> list[AotConfig]:
     for block_h in (2048, 4096, 8192):
         for res in (False, True):
             sig = {"x": f"*{a}", "residual": f"*{a}", "weight": f"*{a}", "y": f"*{a}", "s_out": f"*{a}",
-                   "H": "i32", "eps": "fp32", "stride_x": "i32", "stride_r": "i32", "stride_y": "i32",
-                   "stride_s": "i32", "BLOCK_H": "constexpr", "HAS_RES": "constexpr"}
-            out.append(AotConfig("_rms_norm_kernel", sig, dict(BLOCK_H=block_h, HAS_RES=res),
-                                 tab["rms_norm"].num_warps, 1, f"rms_norm {block_h} res {res}"))
+                   "T": "i32", "H": "i32", "eps": "fp32", "stride_x": "i32", "stride_r": "i32", "stride_y": "i32",
+                   "stride_s": "i32", "BLOCK_R": "constexpr", "BLOCK_H": "constexpr", "HAS_RES": "constexpr"}
+            c = _rms_launch(tab, res)
+            out.append(AotConfig("_rms_norm_kernel", sig, dict(BLOCK_R=c.block_r, BLOCK_H=block_h, HAS_RES=res),
+                                 c.num_warps, 1, f"rms_norm {block_h} res {res}"))
     g = tab["gated"]
     sig = {"x": f"*{a}", "z": f"*{a}", "weight": f"*{a}", "y": f"*{a}", "R": "i32", "HV": "i32", "DV": "i32",
            "eps": "fp32", "stride_xt": "i32", "stride_xh": "i32", "stride_zt": "i32", "stride_zh": "i32",

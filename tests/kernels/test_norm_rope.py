@@ -51,6 +51,38 @@ def test_rms_norm(dtype, t, h, with_residual):
         _close(got, want, dtype, "rms_norm")
 
 
+@pytest.mark.parametrize("cfg", [tri.RowLaunch(4, 2), tri.RowLaunch(2, 4)], ids=str)
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm_rows_per_program(cfg, with_residual):
+    """Several rows per program (the benchmark's sweep candidates), 5 rows: a partial last program."""
+    gen = torch.Generator().manual_seed(cfg.block_r)
+    x = _rand(5, 40, dtype=torch.float16, gen=gen, scale=3.0)
+    w = _rand(40, dtype=torch.float16, gen=gen, scale=0.1)
+    r = _rand(5, 40, dtype=torch.float16, gen=gen) if with_residual else None
+    want = ref.rms_norm(x, w, 1e-6, r)
+    got = tri._rms_norm(x.to(DEV), w.to(DEV), 1e-6, None if r is None else r.to(DEV), cfg=cfg)
+    if with_residual:
+        _close(got[0], want[0], torch.float16, "rms_norm y")
+        assert torch.equal(got[1].cpu(), want[1]), "residual sum must be bit-exact (one rounding of x + r)"
+    else:
+        _close(got, want, torch.float16, "rms_norm")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", [tri.RowLaunch(16), tri.RowLaunch(4), tri.RowLaunch(8, 2), tri.RowLaunch(4, 2)],
+                         ids=str)
+def test_gpu_rms_norm_sweep_candidates(cfg):
+    """The rms_norm launches bench_attention --sweep times, on the 27B hidden size with a partial last program."""
+    gen = torch.Generator().manual_seed(2)
+    x, r = _rand(301, 5120, dtype=torch.float16, gen=gen, scale=3), _rand(301, 5120, dtype=torch.float16, gen=gen)
+    w = _rand(5120, dtype=torch.float16, gen=gen, scale=0.1)
+    _close(tri._rms_norm(x.cuda(), w.cuda(), 1e-6, cfg=cfg), ref.rms_norm(x, w, 1e-6), torch.float16, "rms_norm")
+    y, s = tri._rms_norm(x.cuda(), w.cuda(), 1e-6, r.cuda(), cfg=cfg)
+    wy, ws = ref.rms_norm(x, w, 1e-6, r)
+    _close(y, wy, torch.float16, "rms_norm + residual")
+    assert torch.equal(s.cpu(), ws)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("t,hv,dv", [(3, 4, 32), (2, 3, 128), (1, 5, 24)])
 def test_gated_rms_norm(dtype, t, hv, dv):
