@@ -1,8 +1,7 @@
 """Paged attention, KV store, norms/RoPE/SiLU and the sampler on the Qwen3.5-27B attention shape
 (24 query heads, 4 KV heads, head_dim 256, block size 16).
 
-    PYTHONPATH=. python3 bench/bench_attention.py [--sweep [decode,fused,prefill,qk,rms]] [--jobs 12] [--quick]
-        [--only decode,prefill,small,sweep]
+    PYTHONPATH=. python3 bench/bench_attention.py [--sweep] [--jobs 12] [--quick] [--only decode,sweep]
 
 Decode: batch 1/8/32/64 x context 1K/8K/32K/128K, fp16 and fp8-e5m2 KV: time per call and KV bytes
 read over time as a fraction of the copy bandwidth measured in this process (combos above ~40 GB
@@ -11,12 +10,10 @@ a CUDA graph of back-to-back calls that rotate over enough sequences to keep the
 L2. Prefill: one 8K prompt, one 32K prompt and 8 ragged ~4K prompts, causal TFLOP/s against torch
 ``scaled_dot_product_attention`` (flash backend, causal, K/V expanded to 24 heads) on the same data.
 Small ops: bytes moved over time against the copy bandwidth. ``--sweep`` first times alternative
-decode, qk_norm_rope and rms_norm launches (how the sm_90 table rows were chosen; the prefill rows came
-from an earlier sweep of the same kind, the sweep only compares their e5m2 widenings), with each e5m2
-decode candidate's speedup over the first fp16 candidate (the fp16 table row) on the same shape; a
-comma list after ``--sweep`` picks its groups (default all): decode (launch shapes), fused (the d256
-table rows with and without the fused split reduce), prefill, qk, rms. Kernels compile in parallel
-worker processes first (``--jobs``), so the timing phase only hits Triton's cache.
+decode, qk_norm_rope and rms_norm launches (how the sm_90 table rows were chosen; the prefill rows came from
+an earlier sweep of the same kind, the sweep only compares their e5m2 widenings), with each e5m2
+decode candidate's speedup over the fp16 table row on the same shape. Kernels compile in parallel worker
+processes first (``--jobs``), so the timing phase only hits Triton's cache.
 """
 from __future__ import annotations
 
@@ -59,16 +56,9 @@ SWEEP_DECODE = {
                   AttnLaunch(16, 32, 4, 5, False, 3, True)],
 }
 SWEEP_DECODE_SHAPES = ((1, 131072), (1, 32768), (8, 8192), (8, 32768), (32, 32768), (64, 1024), (64, 8192))
-# the d256 sm_90 decode rows without and with the fused split reduce (one program reads all splits'
-# partials: 1 x 32K / 128K run 66 splits, 8 x 8K / 32K 8; 64 x 1K is unsplit, a control)
-_FP16_ROW, _E5M2_ROW = AttnLaunch(16, 32, 4, 5, False, 2), AttnLaunch(16, 64, 4, 5, False, 2, True)
-SWEEP_FUSED = {torch.float16: [_FP16_ROW, dataclasses.replace(_FP16_ROW, fused_reduce=True)],
-               torch.uint8: [_E5M2_ROW, dataclasses.replace(_E5M2_ROW, fused_reduce=True)]}
-SWEEP_FUSED_SHAPES = ((1, 32768), (1, 131072), (8, 8192), (64, 1024), (8, 32768))
 SWEEP_QK = [RowLaunch(4, 32), RowLaunch(4, 16), RowLaunch(4, 8), RowLaunch(2, 4)]
-# rms_norm 8192 x 5120: the table row (8 warps, one row per program) first
+# rms_norm 8192 x 5120 without and with the residual add (warps, rows per program)
 SWEEP_RMS = [RowLaunch(8), RowLaunch(16), RowLaunch(4), RowLaunch(8, 2), RowLaunch(4, 2)]
-SWEEP_GROUPS = ("decode", "fused", "prefill", "qk", "rms")
 
 
 # ----------------------------------------------------------------------------- data
@@ -80,21 +70,19 @@ def make_pool(kv_dtype, blocks: int):
     return [torch.empty(shape, dtype=kv_dtype, device="cuda").normal_() for _ in range(2)]
 
 
-def decode_calls(pool, batch: int, ctx: int, cfg=None, seed=0, keep_counters=False):
-    """Closures for ``reps`` decode calls, each over its own random block tables of the pool. keep_counters:
-    the fused split reduce's counters are one buffer zeroed once (each call leaves it zero), not a memset
-    per call: what passing a persistent buffer through the op would save."""
+def decode_calls(pool, batch: int, ctx: int, cfg=None, seed=0):
+    """Closures for ``reps`` decode calls, each over its own random block tables of the pool."""
     nblk = ctx // BS
     reps = max(1, min(32, int(ROTATE_BYTES // (batch * ctx * TOKEN_BYTES[pool[0].dtype]) + 1)))
     gen = torch.Generator(device="cuda").manual_seed(seed)
     seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
     qsl = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
-    calls, cnt = [], torch.zeros(batch * NKV, dtype=torch.int32, device="cuda") if keep_counters else None
+    calls = []
     for _ in range(reps):
         ids = torch.randint(0, pool[0].shape[0], (batch, nblk), generator=gen, device="cuda", dtype=torch.int32)
         q = torch.randn(batch, NH, 2 * D, device="cuda", dtype=torch.float16)
         calls.append(lambda ids=ids, q=q: _paged_attention(q[..., :D], pool[0], pool[1], ids, seq_lens, qsl,
-                                                           D ** -0.5, 1, ctx, q[..., D:], cfg=cfg, counters=cnt))
+                                                           D ** -0.5, 1, ctx, q[..., D:], cfg=cfg))
     return calls
 
 
@@ -278,39 +266,29 @@ def _timed(fn) -> float | str:
 def _short(cfg: AttnLaunch) -> str:
     two = " 2-phase" if cfg.two_phase else ""
     prmt = " prmt" if cfg.widen_asm else ""
-    return (f"M{cfg.block_m} N{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} ctas/SM {cfg.ctas_per_sm}{two}{prmt}"
-            + (" fused" if cfg.fused_reduce else ""))
+    return f"M{cfg.block_m} N{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} ctas/SM {cfg.ctas_per_sm}{two}{prmt}"
 
 
-def sweep_decode(copy_gbs, candidates, shapes, rows):
+def sweep(copy_gbs):
     """Decode candidates per shape; e5m2 rows also give their speedup over the fp16 table row (first fp16
     candidate) on the same shape, the issue's 1.7x target from 32K tokens per sequence up."""
-    fp16_us = {}
+    rows, fp16_us = [], {}
     for kv in (torch.float16, torch.uint8):
         pool = make_pool(kv, 131072 * 8 // BS)
-        for b, ctx in shapes:
+        for b, ctx in SWEEP_DECODE_SHAPES:
             gb = b * ctx * TOKEN_BYTES[kv] / 1e9
-            for cfg, keep in [(c, k) for c in candidates[kv] for k in ((False, True) if c.fused_reduce else (False,))]:
-                us = _timed(lambda: graph_ms(decode_calls(pool, b, ctx, cfg, keep_counters=keep)) * 1e3)  # noqa: B023
+            for cfg in SWEEP_DECODE[kv]:
+                us = _timed(lambda: graph_ms(decode_calls(pool, b, ctx, cfg)) * 1e3)  # noqa: B023 - called now
                 ok = isinstance(us, float)
                 fp16_us.setdefault((b, ctx), us if ok and kv == torch.float16 else None)
                 ref = fp16_us[(b, ctx)]
-                rows.append(["decode", "e5m2" if kv == torch.uint8 else "fp16", f"{b} x {ctx}",
-                             _short(cfg) + (" kept counters" if keep else ""), us,
+                rows.append(["decode", "e5m2" if kv == torch.uint8 else "fp16", f"{b} x {ctx}", _short(cfg), us,
                              gb / (us * 1e-6) / copy_gbs if ok else "",
                              f"{ref / us:.2f}x" if ok and ref and kv == torch.uint8 else ""])
         pool = None
         torch.cuda.empty_cache()
-
-
-def sweep(copy_gbs, groups):
-    rows = []
-    for group, cands, shapes in (("decode", SWEEP_DECODE, SWEEP_DECODE_SHAPES),
-                                 ("fused", SWEEP_FUSED, SWEEP_FUSED_SHAPES)):
-        if group in groups:
-            sweep_decode(copy_gbs, cands, shapes, rows)
     # e5m2 prefill: the sm_90 prefill row with both widenings (the row's widen_asm only acts on e5m2)
-    for name in ("1 x 8K", "8 x ~4K ragged") if "prefill" in groups else ():
+    for name in ("1 x 8K", "8 x ~4K ragged"):
         lens = PREFILL_CASES[name]
         flops = sum(4 * D * NH * n * (n + 1) / 2 for n in lens)
         for cfg in sweep_prefill_rows():
@@ -319,34 +297,32 @@ def sweep(copy_gbs, groups):
             rows.append(["prefill (TFLOP/s)", "e5m2", name, _short(cfg), us,
                          flops / (us * 1e-6) / 1e12 if isinstance(us, float) else "", ""])
     torch.cuda.empty_cache()
-    t, h = 8192, 5120
-    if "qk" in groups:
-        qg = torch.randn(t, NH, 2 * D, device="cuda", dtype=torch.float16)
-        k = torch.randn(t, NKV, D, device="cuda", dtype=torch.float16)
-        w = torch.randn(D, device="cuda", dtype=torch.float16) * 0.1
-        cs = reference.rope_cos_sin_cache(262144, 64, 1e7, device="cuda")
-        pos = torch.randint(0, 262144, (t,), device="cuda")
-        for cfg in SWEEP_QK:
-            _bw_row(rows, copy_gbs, "qk_norm_rope", f"{t} x 28 x {D}", cfg, 2 * t * (NH + NKV) * D * 2 + t * 64 * 4,
-                    lambda: norm_rope._qk_norm_rope(qg[..., :D], k, w, w, pos, cs, 1e-6, cfg=cfg))  # noqa: B023
-    if "rms" in groups:
-        x, r = (torch.randn(t, h, device="cuda", dtype=torch.float16) for _ in range(2))
-        w = torch.randn(h, device="cuda", dtype=torch.float16) * 0.1
-        for res, name in ((None, "rms_norm"), (r, "rms_norm + residual")):
-            for cfg in SWEEP_RMS:
-                _bw_row(rows, copy_gbs, name, f"{t} x {h}", cfg, (2 if res is None else 4) * t * h * 2,
-                        lambda: norm_rope._rms_norm(x, w, 1e-6, res, cfg=cfg))  # noqa: B023
+    t = 8192
+    qg = torch.randn(t, NH, 2 * D, device="cuda", dtype=torch.float16)
+    k = torch.randn(t, NKV, D, device="cuda", dtype=torch.float16)
+    w = torch.randn(D, device="cuda", dtype=torch.float16) * 0.1
+    cs = reference.rope_cos_sin_cache(262144, 64, 1e7, device="cuda")
+    pos = torch.randint(0, 262144, (t,), device="cuda")
+    nbytes = 2 * t * (NH + NKV) * D * 2 + t * 64 * 4
+    for cfg in SWEEP_QK:
+        us = _timed(lambda: bench_ms(lambda: norm_rope._qk_norm_rope(qg[..., :D], k, w, w, pos, cs, 1e-6,  # noqa
+                                                                       cfg=cfg)) * 1e3)  # noqa: B023
+        rows.append(["qk_norm_rope", "", f"{t} x 28 x {D}", f"w{cfg.num_warps} rows {cfg.block_r}", us,
+                     nbytes / (us * 1e-6) / 1e9 / copy_gbs if isinstance(us, float) else "", ""])
+    h = 5120
+    x, r = (torch.randn(t, h, device="cuda", dtype=torch.float16) for _ in range(2))
+    w = torch.randn(h, device="cuda", dtype=torch.float16) * 0.1
+    for res, name in ((None, "rms_norm"), (r, "rms_norm + residual")):
+        nbytes = (2 if res is None else 4) * t * h * 2
+        for cfg in SWEEP_RMS:
+            us = _timed(lambda: bench_ms(lambda: norm_rope._rms_norm(x, w, 1e-6, res, cfg=cfg)) * 1e3)  # noqa: B023
+            rows.append([name, "", f"{t} x {h}", f"w{cfg.num_warps} rows {cfg.block_r}", us,
+                         nbytes / (us * 1e-6) / 1e9 / copy_gbs if isinstance(us, float) else "", ""])
     print_table("launch sweep (us per call; rate = fraction of copy bandwidth, prefill: TFLOP/s)",
                 ["kernel", "KV", "shape", "launch", "us", "rate", "vs fp16 row"], rows)
-    err = _timed(print_compiled) if groups & {"decode", "fused"} else ""
+    err = _timed(print_compiled)
     if err:
         print("compiled-kernel listing", err)
-
-
-def _bw_row(rows, copy_gbs, kernel, shape, cfg, nbytes, fn):
-    us = _timed(lambda: bench_ms(fn) * 1e3)
-    rows.append([kernel, "", shape, f"w{cfg.num_warps} rows {cfg.block_r}", us,
-                 nbytes / (us * 1e-6) / 1e9 / copy_gbs if isinstance(us, float) else "", ""])
 
 
 def sweep_prefill_rows():
@@ -374,40 +350,31 @@ def print_compiled():
             tiles = re.findall(r"(?:tt.dot|warp_group_dot) .*?-> tensor<(\d+x\d+)", ttgir)
             ptx = k.asm.get("ptx", "")
             widen = "prmt" if "0x2404" in ptx else ("shift" if "xi16" in bufs else "")
-            fused = "atomic_rmw" in ttgir  # the fused split reduce's arrival counter
-            loops = ttgir.count("scf.for") - 2 * fused  # 2 for a two-phase build
+            loops = ttgir.count("scf.for")  # 2 for a two-phase build
             rows.append([fn.__name__, k.metadata.num_warps, k.metadata.num_stages, getattr(k, "n_regs", ""),
                          getattr(k, "n_spills", ""), k.metadata.shared, bufs, " ".join(sorted(set(tiles))), widen,
-                         loops, "yes" if fused else ""])
+                         loops])
     print_table("compiled attention kernels", ["kernel", "warps", "stages", "regs", "spills", "shared", "buffers",
-                                               "dot outputs", "e5m2 widen", "key loops", "fused reduce"], rows)
+                                               "dot outputs", "e5m2 widen", "key loops"], rows)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sweep", nargs="?", const=",".join(SWEEP_GROUPS), default="",
-                    help="time alternative launch configurations first; optional comma list of groups: "
-                         + ",".join(SWEEP_GROUPS))
+    ap.add_argument("--sweep", action="store_true", help="time alternative launch configurations first")
     ap.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 1), help="parallel compile processes")
     ap.add_argument("--quick", action="store_true", help="skip decode combos over 1M tokens")
     ap.add_argument("--only", default="", help="comma list of sections: decode,prefill,small,sweep")
     args = ap.parse_args()
     only = set(filter(None, args.only.split(",")))
-    groups = set(filter(None, args.sweep.split(",")))
-    if groups - set(SWEEP_GROUPS):
-        ap.error(f"--sweep groups {sorted(groups - set(SWEEP_GROUPS))} unknown; choose from {SWEEP_GROUPS}")
     arch = arch_of(torch.device("cuda"))
     specs = [("decode", v) for v in decode_variants(64)] if not only or "decode" in only else []
     if not only or "prefill" in only:
         specs += [("prefill", ([4096, 100], kv, None)) for kv in (torch.float16, torch.uint8)]
     if args.sweep and (not only or "sweep" in only):
         # one split and one unsplit shape per launch: every compiled variant the sweep times
-        cands = {kv: (SWEEP_DECODE[kv] if "decode" in groups else []) + (SWEEP_FUSED[kv] if "fused" in groups else [])
-                 for kv in (torch.float16, torch.uint8)}
-        specs += [("decode", (kv, b, ctx, cfg)) for kv, cfgs in cands.items() for cfg in dict.fromkeys(cfgs)
+        specs += [("decode", (kv, b, ctx, cfg)) for kv in (torch.float16, torch.uint8) for cfg in SWEEP_DECODE[kv]
                   for b, ctx in ((1, 131072), (64, 8192))]
-        if "prefill" in groups:
-            specs += [("prefill", ([4096, 100], torch.uint8, cfg)) for cfg in sweep_prefill_rows()]
+        specs += [("prefill", ([4096, 100], torch.uint8, cfg)) for cfg in sweep_prefill_rows()]
     precompile(specs, args.jobs)
     print(device_header(), f"| d256 rows of the sm_{arch} tables: decode fp16 "
           f"{_short(table_launch(arch, 256, True, False))}, decode e5m2 {_short(table_launch(arch, 256, True, True))}, "
@@ -415,7 +382,7 @@ def main():
     copy_gbs = copy_bandwidth_gbs()
     t0 = time.time()
     if args.sweep and (not only or "sweep" in only):
-        sweep(copy_gbs, groups)
+        sweep(copy_gbs)
     if not only or "decode" in only:
         bench_decode(copy_gbs, args.quick)
     if not only or "prefill" in only:

@@ -10,8 +10,7 @@ One kernel body, two launch shapes picked by ``max_query_len``:
 * decode (one new token per sequence, or a few for speculative verification): grid
   (1, B * nkv, splits). Every row of the group's ``G * q_len`` queries is in one tile, and the
   sequence's KV range is cut into ``splits`` pieces so that a small batch still fills the GPU; a
-  second kernel combines the pieces' (unnormalised output, max, sum) rows, or, with the launch row's
-  ``fused_reduce``, the last piece of each (sequence, KV head) to finish does (an arrival counter).
+  second kernel combines the pieces' (unnormalised output, max, sum) rows.
 
 Pages are gathered per key row (``block_tables[b, pos // block_size]``), so any block size works; it
 is a compile-time constant, as a run-time divisor cost each key row a division sequence (the gather
@@ -34,7 +33,7 @@ import triton.language as tl
 from ..errors import ConfigError
 from .aot import AotConfig
 from .arch import arch_from_cc, arch_of
-from .attention_decode import _e5m2_pair, _kv_tile, _last_split_merges, _split_reduce_kernel, _store_out
+from .attention_decode import _e5m2_pair, _kv_tile, _split_reduce_kernel
 from .attention_launch import DECODE, DECODE_E5M2, PREFILL, AttnLaunch, decode_warps, num_decode_splits, table_launch
 
 DECODE_MAX_QUERY = 8          # up to this many new tokens per sequence use the split-KV decode launch
@@ -94,13 +93,13 @@ def _attend(acc, acc2, l_i, m_i, b_q, b_q2, k_cache, v_cache, p_table, kvh, pos,
 
 
 @triton.jit
-def _paged_attn_kernel(q, k_cache, v_cache, out, gate, part_o, part_ml, counters, block_tables, seq_lens,
+def _paged_attn_kernel(q, k_cache, v_cache, out, gate, part_o, part_ml, block_tables, seq_lens,
                        query_start_loc, qk_scale, NKV, G, TOK, NUM_QT, NUM_SPLITS, BS: tl.constexpr,
                        stride_qt, stride_qh, stride_ot, stride_oh, stride_gt, stride_gh,
                        stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
                        D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr,
                        HAS_GATE: tl.constexpr, SPLIT: tl.constexpr, TWO_PHASE: tl.constexpr,
-                       WIDEN_ASM: tl.constexpr, FUSED: tl.constexpr):
+                       WIDEN_ASM: tl.constexpr):
     i_qt = NUM_QT - 1 - tl.program_id(0)
     i_bk = tl.program_id(1)
     i_s = tl.program_id(2)
@@ -160,15 +159,19 @@ def _paged_attn_kernel(q, k_cache, v_cache, out, gate, part_o, part_ml, counters
     if FP8:
         acc = tl.reshape(tl.join(acc, acc2), (BLOCK_M, D))
     if SPLIT:
-        row = (tok * (NKV * G) + hq) * NUM_SPLITS
-        tl.store(part_o + (row + i_s)[:, None] * D + o_d[None, :], acc, mask=m_row[:, None])
-        tl.store(part_ml + (row + i_s) * 2, m_i, mask=m_row)
-        tl.store(part_ml + (row + i_s) * 2 + 1, l_i, mask=m_row)
-        if FUSED:
-            _last_split_merges(part_o, part_ml, out, gate, counters + i_bk, row, tok, hq, m_row, o_d, NUM_SPLITS,
-                               stride_ot, stride_oh, stride_gt, stride_gh, D, BLOCK_M, HAS_GATE)
+        row = (tok * (NKV * G) + hq) * NUM_SPLITS + i_s
+        tl.store(part_o + row[:, None] * D + o_d[None, :], acc, mask=m_row[:, None])
+        tl.store(part_ml + row * 2, m_i, mask=m_row)
+        tl.store(part_ml + row * 2 + 1, l_i, mask=m_row)
     else:
-        _store_out(acc, l_i, out, gate, tok, hq, m_row, o_d, stride_ot, stride_oh, stride_gt, stride_gh, HAS_GATE)
+        b_o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        if HAS_GATE:
+            # [BLOCK_M, D]
+            b_g = tl.load(gate + tok[:, None] * stride_gt + hq[:, None] * stride_gh + o_d[None, :],
+                          mask=m_row[:, None], other=0.0).to(tl.float32)
+            b_o = b_o * tl.sigmoid(b_g)
+        tl.store(out + tok[:, None] * stride_ot + hq[:, None] * stride_oh + o_d[None, :],
+                 b_o.to(out.dtype.element_ty), mask=m_row[:, None])
 
 
 def _inline_ptx(device: torch.device) -> bool:
@@ -212,12 +215,9 @@ def paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc
 
 
 def _paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, max_query_len,
-                     max_seq_len, gate=None, arch=None, num_splits=None, cfg: AttnLaunch | None = None,
-                     counters=None):
+                     max_seq_len, gate=None, arch=None, num_splits=None, cfg: AttnLaunch | None = None):
     """``arch``, ``num_splits`` and ``cfg`` override the table row, the split count and the launch
-    (tests run every row in the interpreter; the benchmark compares candidate launches). ``counters``:
-    the fused split reduce's arrival counters (int32, >= batch * nkv, zero; left zero), else zeroed
-    per call (under CUDA-graph capture a captured memset)."""
+    (tests run every row in the interpreter; the benchmark compares candidate launches)."""
     _check(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, gate)
     t, nh, d = q.shape
     nkv, bs = k_cache.shape[2], k_cache.shape[1]
@@ -252,24 +252,16 @@ def _paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_lo
         part_ml = torch.empty((t, nh, num_splits, 2), dtype=torch.float32, device=q.device)
     else:  # unused: a placeholder of the same pointer type keeps one compiled signature
         part_o = part_ml = torch.empty(1, dtype=torch.float32, device=q.device)
-    fused = split and cfg.fused_reduce and num_splits <= cfg.fused_max_splits
-    if not fused:
-        counters = seq_lens  # unused; int32 like the real one
-    elif counters is None:
-        counters = torch.zeros(b * nkv, dtype=torch.int32, device=q.device)
-    elif counters.dtype != torch.int32 or counters.numel() < b * nkv:
-        raise ConfigError(f"paged_attention: counters must be >= {b * nkv} int32, got {counters.numel()} "
-                          f"{counters.dtype}")
     _paged_attn_kernel[(num_qt, b * nkv, num_splits)](
-        q, k_cache, v_cache, out, g_arg, part_o, part_ml, counters, block_tables, seq_lens, query_start_loc,
+        q, k_cache, v_cache, out, g_arg, part_o, part_ml, block_tables, seq_lens, query_start_loc,
         scale * _LOG2E, nkv, g, tok, num_qt, num_splits, bs,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), g_arg.stride(0), g_arg.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
         D=d, BLOCK_M=block_m, BLOCK_N=cfg.block_n, FP8=fp8, HAS_GATE=has_gate, SPLIT=split,
-        TWO_PHASE=cfg.two_phase, WIDEN_ASM=fp8 and cfg.widen_asm and _inline_ptx(q.device), FUSED=fused,
+        TWO_PHASE=cfg.two_phase, WIDEN_ASM=fp8 and cfg.widen_asm and _inline_ptx(q.device),
         num_warps=num_warps, num_stages=cfg.num_stages)
-    if split and not fused:
+    if split:
         _split_reduce_kernel[(t, nh, d // REDUCE_BLOCK_D)](
             part_o, part_ml, out, g_arg, nh, num_splits, out.stride(0), out.stride(1),
             g_arg.stride(0), g_arg.stride(1), D=d, BLOCK_S=REDUCE_BLOCK_S, BLOCK_D=REDUCE_BLOCK_D,
@@ -283,35 +275,32 @@ TRITON_OPS = {"paged_attention": paged_attention}
 def _attn_signature(act: str, kv: str) -> dict:
     kv = "i16" if kv == "u8" else kv
     sig = {"q": f"*{act}", "k_cache": f"*{kv}", "v_cache": f"*{kv}", "out": f"*{act}", "gate": f"*{act}",
-           "part_o": "*fp32", "part_ml": "*fp32", "counters": "*i32", "block_tables": "*i32", "seq_lens": "*i32",
+           "part_o": "*fp32", "part_ml": "*fp32", "block_tables": "*i32", "seq_lens": "*i32",
            "query_start_loc": "*i32", "qk_scale": "fp32"}
     for name in ("NKV", "G", "TOK", "NUM_QT", "NUM_SPLITS", "stride_qt", "stride_qh", "stride_ot",
                  "stride_oh", "stride_gt", "stride_gh", "stride_kb", "stride_ks", "stride_kh", "stride_vb",
                  "stride_vs", "stride_vh", "stride_bt"):
         sig[name] = "i32"
     sig.update({c: "constexpr" for c in ("BS", "D", "BLOCK_M", "BLOCK_N", "FP8", "HAS_GATE", "SPLIT", "TWO_PHASE",
-                                         "WIDEN_ASM", "FUSED")})
+                                         "WIDEN_ASM")})
     return sig
 
 
 def aot_configs(cc: int) -> list[AotConfig]:
     """Every table row, for the gated Qwen3.5 layer in the arch's model dtype (fp16 on sm_70, bf16 on
     sm_80+) and the engine's default block size, with the model-dtype cache and, for d = 256, the e5m2
-    cache; decode also in its speculative (4 tokens x 6 heads -> 32 rows) and unsplit shapes, the e5m2
-    decode row with the other widening too (the inline PTX must assemble for sm_70 and sm_90), and the
-    d256 decode rows with the other split reduce too (fused or second launch: a table may switch)."""
+    cache; decode also in its speculative (4 tokens x 6 heads -> 32 rows) and unsplit shapes, and the e5m2
+    decode row with the other widening too (the inline PTX must assemble for sm_70 and sm_90)."""
     arch = arch_from_cc(cc)
     act = "fp16" if arch == 70 else "bf16"
     out = []
 
     def add(c: AttnLaunch, kv: str, d: int, bm: int, split: bool, name: str):
         consts = dict(BS=BLOCK_SIZE, D=d, BLOCK_M=bm, BLOCK_N=c.block_n, FP8=kv == "u8", HAS_GATE=True,
-                      SPLIT=split, TWO_PHASE=c.two_phase, WIDEN_ASM=kv == "u8" and c.widen_asm,
-                      FUSED=split and c.fused_reduce)
+                      SPLIT=split, TWO_PHASE=c.two_phase, WIDEN_ASM=kv == "u8" and c.widen_asm)
         warps = c.num_warps if name == "prefill" else decode_warps(c, bm)
         out.append(AotConfig("_paged_attn_kernel", _attn_signature(act, kv), consts, warps, c.num_stages,
-                             f"{name} d{d} kv {kv} rows {bm} split {split} widen_asm {consts['WIDEN_ASM']} "
-                             f"fused {consts['FUSED']}"))
+                             f"{name} d{d} kv {kv} rows {bm} split {split} widen_asm {consts['WIDEN_ASM']}"))
 
     for d in (64, 128, 256):
         for kv in ((act, "u8") if d == 256 else (act,)):
@@ -322,8 +311,6 @@ def aot_configs(cc: int) -> list[AotConfig]:
                 add(c, kv, d, bm, split, "decode")
             if kv == "u8":
                 add(dataclasses.replace(c, widen_asm=not c.widen_asm), kv, d, c.block_m, True, "decode")
-            if d == 256:
-                add(dataclasses.replace(c, fused_reduce=not c.fused_reduce), kv, d, c.block_m, True, "decode")
         sig = {"part_o": "*fp32", "part_ml": "*fp32", "out": f"*{act}", "gate": f"*{act}"}
         sig.update({n: "i32" for n in ("NH", "NUM_SPLITS", "stride_ot", "stride_oh", "stride_gt", "stride_gh")})
         sig.update(D="constexpr", BLOCK_S="constexpr", BLOCK_D="constexpr", HAS_GATE="constexpr")

@@ -1,6 +1,5 @@
 """Pieces of the paged attention kernels (:mod:`catengine.kernels.attention`) split from that file: the
-paged K/V tile gather, the exact e5m2 widening, the output epilogue, and the two ways of combining
-split-KV decode partials (a second launch, or the last split program of each sequence and KV head).
+paged K/V tile gather, the exact e5m2 widening, and the pass that combines split-KV decode partials.
 """
 from __future__ import annotations
 
@@ -104,66 +103,3 @@ def _split_reduce_kernel(part_o, part_ml, out, gate, NH, NUM_SPLITS, stride_ot, 
         b_g = tl.load(gate + i_t * stride_gt + i_h * stride_gh + o_d).to(tl.float32)
         b_out = b_out * tl.sigmoid(b_g)
     tl.store(out + i_t * stride_ot + i_h * stride_oh + o_d, b_out.to(out.dtype.element_ty))
-
-
-@triton.jit
-def _store_out(acc, l_i, out, gate, tok, hq, m_row, o_d, stride_ot, stride_oh, stride_gt, stride_gh,
-               HAS_GATE: tl.constexpr):
-    """out rows (tok, hq) = acc / l, times sigmoid(gate) when gated."""
-    b_o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    if HAS_GATE:
-        # [BLOCK_M, D]
-        b_g = tl.load(gate + tok[:, None] * stride_gt + hq[:, None] * stride_gh + o_d[None, :],
-                      mask=m_row[:, None], other=0.0).to(tl.float32)
-        b_o = b_o * tl.sigmoid(b_g)
-    tl.store(out + tok[:, None] * stride_ot + hq[:, None] * stride_oh + o_d[None, :],
-             b_o.to(out.dtype.element_ty), mask=m_row[:, None])
-
-
-FUSED_MAX_BLOCK_S = tl.constexpr(64)   # splits whose maxima one load brings in the fused merge's first pass
-FUSED_STEP = tl.constexpr(4)           # partial o tiles in flight per step of its second pass (registers:
-#                                        BLOCK_M x D fp32 each, free again after the key loop)
-
-
-@triton.jit
-def _last_split_merges(part_o, part_ml, out, gate, p_count, row, tok, hq, m_row, o_d, NUM_SPLITS,
-                       stride_ot, stride_oh, stride_gt, stride_gh, D: tl.constexpr, BLOCK_M: tl.constexpr,
-                       HAS_GATE: tl.constexpr):
-    """Split-KV decode without a second launch. Every split program of one (sequence, KV head) has
-    stored its partial rows (row = first split's partial row of each query row); the one that arrives
-    last at p_count (a zeroed int32) merges all splits in split order, so the result does not depend
-    on which program came last, writes the output and re-arms the counter for the next call.
-    Two passes: the rows' max over all splits (small loads), then a plain weighted sum of the partials
-    with FUSED_STEP tiles loaded per step (independent loads, issued together: the merge is a
-    latency chain of about NUM_SPLITS / FUSED_STEP round trips to L2)."""
-    # every thread's partial stores before the release (the atomic is issued by one thread)
-    tl.debug_barrier()
-    arrived = tl.atomic_add(p_count, 1, sem="acq_rel", scope="gpu")
-    if arrived == NUM_SPLITS - 1:
-        o_s = tl.arange(0, FUSED_MAX_BLOCK_S)
-        m_all = tl.full([BLOCK_M], -1e30, tl.float32)
-        # num_stages=1: never software-pipelined (ring buffers on top of the key loop's shared memory)
-        for s0 in tl.range(0, NUM_SPLITS, FUSED_MAX_BLOCK_S, num_stages=1):
-            m_s = m_row[:, None] & (s0 + o_s < NUM_SPLITS)[None, :]
-            # [BLOCK_M, FUSED_MAX_BLOCK_S]; .cg: from L2, where the other programs' partials are, never a
-            # stale L1 line
-            b_m = tl.load(part_ml + (row[:, None] + s0 + o_s[None, :]) * 2, mask=m_s, other=-1e30,
-                          cache_modifier=".cg")
-            m_all = tl.maximum(m_all, tl.max(b_m, 1))
-        acc = tl.zeros([BLOCK_M, D], tl.float32)
-        l_all = tl.zeros([BLOCK_M], tl.float32)
-        for s0 in tl.range(0, NUM_SPLITS, FUSED_STEP, num_stages=1):
-            for j in tl.static_range(FUSED_STEP):
-                m_s = m_row & (s0 + j + 0 * hq < NUM_SPLITS)
-                p_ml = part_ml + (row + s0 + j) * 2
-                # [BLOCK_M] each; empty splits carry (m -1e30, l 0, o 0): weight 0
-                b_m = tl.load(p_ml, mask=m_s, other=-1e30, cache_modifier=".cg")
-                b_l = tl.load(p_ml + 1, mask=m_s, other=0.0, cache_modifier=".cg")
-                # [BLOCK_M, D]
-                b_o = tl.load(part_o + (row + s0 + j)[:, None] * D + o_d[None, :], mask=m_s[:, None], other=0.0,
-                              cache_modifier=".cg")
-                w = tl.exp2(b_m - m_all)
-                acc += b_o * w[:, None]
-                l_all += b_l * w
-        _store_out(acc, l_all, out, gate, tok, hq, m_row, o_d, stride_ot, stride_oh, stride_gt, stride_gh, HAS_GATE)
-        tl.atomic_xchg(p_count, 0, sem="relaxed", scope="gpu")

@@ -25,11 +25,6 @@ class AttnLaunch:
     widen_asm: bool = False  # e5m2 caches: widen bytes to fp16 with inline PTX (one prmt or one and per
     #                          4 bytes instead of ~7 shift/mask/repack instructions); CUDA only, the
     #                          interpreter and other backends fall back to the shifts (same bits)
-    fused_reduce: bool = False  # split decode: the last split program of each (sequence, KV head) to
-    #                             arrive at a counter merges the partials instead of a second launch (no
-    #                             launch gap; but one program then reads all splits' partials, so above
-    #                             fused_max_splits splits the second launch, spread over many programs, is used)
-    fused_max_splits: int = 1024
 
 
 # (arch, head_dim) -> launch. sm_70: no cp.async (stages 1-2), 96 KB of shared memory, and dots

@@ -13,7 +13,6 @@ import torch
 import triton
 import triton.language as tl
 
-from catengine.kernels import attention
 from catengine.kernels import reference as ref
 from catengine.kernels.arch import arch_of
 from catengine.kernels.attention import AttnLaunch, _paged_attention, table_launch
@@ -132,54 +131,6 @@ def test_blocks_larger_than_key_tile(two_phase, widen_asm):
     case = make_case([1, 5, 1], [70, 40, 33], 6, 2, 64, 32, torch.uint8, gen=torch.Generator().manual_seed(5))
     got, want = run_both(case, num_splits=3, cfg=AttnLaunch(16, 16, 4, 1, two_phase, 2, widen_asm))
     assert_close(got, want, torch.float16)
-
-
-# ----------------------------------------------------------------------------- fused split reduce
-FUSED = AttnLaunch(16, 16, 4, 1, fused_reduce=True)
-
-
-def no_second_launch(monkeypatch):
-    """The fused reduce must not launch the separate reduce kernel: calling it now raises."""
-    monkeypatch.setattr(attention, "_split_reduce_kernel", None)
-
-
-@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.uint8], ids=["fp16", "e5m2"])
-@pytest.mark.parametrize("nh,nkv,splits,q_len", [(6, 2, 1, 1), (6, 2, 3, 1), (6, 2, 9, 1), (8, 1, 4, 1),
-                                                 (4, 4, 2, 1), (6, 2, 3, 3), (8, 1, 9, 3)])
-def test_fused_reduce(kv_dtype, nh, nkv, splits, q_len, monkeypatch):
-    """Ragged contexts ending mid-block, GQA groups, speculative query lengths (3, with a sequence shorter
-    than that), and split counts from 1 to more splits than key tiles (9: the empty ones must be
-    neutral); gated."""
-    no_second_launch(monkeypatch)
-    seq = [1, 5, 70, 17]
-    case = make_case([min(q_len, s) for s in seq], seq, nh, nkv, 64, 4, kv_dtype,
-                     gen=torch.Generator().manual_seed(nh * 7 + nkv + q_len))
-    got, want = run_both(case, num_splits=splits, cfg=FUSED)
-    assert_close(got, want, torch.float16)
-
-
-def test_fused_reduce_repeatable_and_rearmed(monkeypatch):
-    """One counter buffer over repeated calls: every call leaves the counters zero (a call that found them
-    non-zero would never merge and leave the output unwritten), and the results are bit-identical."""
-    no_second_launch(monkeypatch)
-    case = make_case([1, 3, 1], [70, 40, 9], 6, 2, 64, 4, torch.uint8, gen=torch.Generator().manual_seed(4))
-    counters = torch.zeros(3 * 2, dtype=torch.int32, device=DEV)
-    outs = []
-    for _ in range(3):
-        got, want = run_both(case, num_splits=5, cfg=FUSED, counters=counters)
-        assert torch.equal(counters.cpu(), torch.zeros_like(counters.cpu())), counters
-        assert_close(got, want, torch.float16)
-        outs.append(got)
-    assert all(torch.equal(o, outs[0]) for o in outs[1:])
-
-
-def test_fused_reduce_split_cap():
-    """Above the row's fused_max_splits the second launch merges (same results as the fused merge)."""
-    case = make_case([1, 1], [70, 40], 6, 2, 64, 4, torch.float16, gen=torch.Generator().manual_seed(6))
-    got, want = run_both(case, num_splits=5, cfg=dataclasses.replace(FUSED, fused_max_splits=4))
-    assert_close(got, want, torch.float16)
-    fused, _ = run_both(case, num_splits=4, cfg=dataclasses.replace(FUSED, fused_max_splits=4))
-    assert_close(fused, want, torch.float16)
 
 
 # ----------------------------------------------------------------------------- e5m2 widening
@@ -328,45 +279,6 @@ def test_gpu_prefill_real_shape(kv_dtype):
                      gen=torch.Generator().manual_seed(7), **QWEN27B)
     got, want = run_both(case)
     assert_close(got, want, dtype)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.uint8], ids=["fp16", "e5m2"])
-@pytest.mark.parametrize("q_len", [1, 3])
-def test_gpu_fused_reduce_graph(kv_dtype, q_len, monkeypatch):
-    """The fused split reduce on this GPU's d256 decode row (sm_90: the sweep candidates), real shape and
-    ragged contexts: captured into a CUDA graph (the counters' zeroing becomes a captured memset), then
-    replayed with new queries, gates and caches copied into the captured inputs, against the twin each
-    time; two replays of the same inputs are bit-identical."""
-    no_second_launch(monkeypatch)
-    cfg = dataclasses.replace(table_launch(arch_of(torch.device("cuda")), 256, True, kv_dtype == torch.uint8),
-                              fused_reduce=True)
-    seq = [33000, 700, 5, 9000, 16, 130, 4100, 2]
-    cases = [make_case([min(q_len, s) for s in seq], seq, bs=16, kv_dtype=kv_dtype,
-                       gen=torch.Generator().manual_seed(21 + i), **QWEN27B) for i in range(2)]
-    dev = {k: (v.cuda() if torch.is_tensor(v) else v) for k, v in cases[0].items()}
-
-    def call():
-        return _paged_attention(dev["q"], dev["k_cache"], dev["v_cache"], dev["block_tables"], dev["seq_lens"],
-                                dev["query_start_loc"], 256 ** -0.5, dev["max_query_len"], dev["max_seq_len"],
-                                dev["gate"], cfg=cfg)
-    call()  # compile outside the capture
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = call()
-    for case in cases[::-1]:
-        for k, v in case.items():
-            if torch.is_tensor(v):
-                dev[k].copy_(v)
-        g.replay()
-        torch.cuda.synchronize()
-        first = out.clone()
-        _, want = run_both(case, cfg=cfg)
-        assert_close(out.cpu(), want, torch.float16)
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, first)
 
 
 @pytest.mark.gpu
