@@ -7,13 +7,10 @@
   fraction of the measured device-to-device copy bandwidth. Timed as CUDA-graph replays (as the
   engine runs decode) over rotating state slots, so neither launch overhead nor L2 hits count.
 - Conv1d: bytes moved (input, output, states, weights once) over time, against copy bandwidth.
-``--sweep S`` then times other launch tables end to end until S seconds after the start, each
-checked against the table's output (to choose the per-architecture table; never at serve time),
-and ``--profile`` prints per-kernel times of ours and fla at 1 x 64K.
+``--sweep`` also times other launch tables end to end (to choose the per-architecture table; never
+at serve time), and ``--profile`` prints per-kernel times of ours and fla at 1 x 64K.
 
-Usage: python bench/bench_gdn.py [--only prefill|decode|conv|sweep|sweep-prefill] [--sweep S] [--no-fla]
-``--only prefill --sweep S``: the prefill table (with fla) then the prefill candidates only;
-``--only sweep-prefill --sweep S``: the prefill candidates alone (no fla, no table first).
+Usage: python bench/bench_gdn.py [--sweep] [--no-fla]
 """
 from __future__ import annotations
 
@@ -90,7 +87,7 @@ def bench_prefill(use_fla: bool):
         h0 = ssm[slots.long()].clone()
         o = gdr.chunk_gated_delta_rule(q, k, v, g, beta, ssm, qsl, slots, has, scale)
         ours = bench_ms(lambda: gdr.chunk_gated_delta_rule(q, k, v, g, beta, ssm, qsl, slots, has, scale))
-        # the kernels timed alone (the table may overlap them on three streams for this case)
+        # the two kernels timed alone (the table may overlap them on two streams for this case)
         alone = dataclasses.replace(gdr._device_table(q.device), overlap_max_programs=0)
         _, steps = gdr.chunk_steps(q, k, v, g, beta, ssm, qsl, slots, has, scale, table=alone)
         parts = {n: bench_ms(f) for n, f in steps}
@@ -107,14 +104,12 @@ def bench_prefill(use_fla: bool):
             fla_ms = bench_ms(run_fla)
         tflops = chunk_flops(lens) / (ours * 1e-3) / 1e12
         rows.append([name, sum(lens), ours, fla_ms, fla_ms / ours, tflops, 100 * tflops / peak,
-                     parts["wy"], parts["h"], parts["o"], diff])
-        print(f"  {name}: ours {ours:.3f} ms, fla {fla_ms:.3f} ms, parts {parts}, rel diff vs fla {diff:.1e}",
-              flush=True)
+                     parts["wy"], parts["scan"], diff])
+        print(f"  {name}: ours {ours:.3f} ms, fla {fla_ms:.3f} ms", flush=True)
         torch.cuda.empty_cache()
     print_table("Prefill: chunked gated delta rule (bf16, fp32 states in slots)",
                 ["case", "tokens", "ours ms", "fla ms", "fla/ours", "TFLOP/s", "% matmul peak",
-                 "wy ms", "h ms", "o ms", "rel diff vs fla"], rows)
-    return {r[0]: r[3] for r in rows}
+                 "wy ms (alone)", "scan ms (alone)", "rel diff vs fla"], rows)
 
 
 
@@ -181,155 +176,53 @@ def bench_conv():
                 ["case", "us", "MiB moved", "GB/s", "% of copy"], rows)
 
 
-# prefill candidates for --sweep: GDNTable fields over this device's row, as (label, fields); the
-# first is the row itself. Each runs on all three cases before the next, most promising first, so a
-# sweep cut short by its time limit still has complete rows.
-PREFILL_CANDIDATES = [
-    ("table", {}),
-    ("o loop BK64 BV64 w4 heads-first", dict(o_bk=64, o_bv=64, o_warps=4, o_heads_first=True)),
-    ("wy split BD64 w4 heads-first", dict(wy_split=True, wu_bd=64, wu_warps=4, wy_heads_first=True)),
-    ("wy split + o BK64 BV64 w4", dict(wy_split=True, wu_bd=64, wy_heads_first=True, o_bk=64, o_bv=64,
-                                        o_warps=4, o_heads_first=True)),
-    ("o loop BK64 BV128 w8 heads-first", dict(o_bk=64, o_bv=128, o_warps=8, o_heads_first=True)),
-    ("wy split + o BK64 BV128 w8", dict(wy_split=True, wu_bd=64, wy_heads_first=True, o_bk=64, o_bv=128,
-                                         o_warps=8, o_heads_first=True)),
-    ("o loop BK64 BV128 w8 chunk-first", dict(o_bk=64, o_bv=128, o_warps=8)),
-    ("o loop BK128 BV64 w4 heads-first", dict(o_bk=128, o_bv=64, o_warps=4, o_heads_first=True)),
-    ("wy split BD64 w4 chunk-first", dict(wy_split=True, wu_bd=64, wu_warps=4)),
-    ("wy fused heads-first", dict(wy_heads_first=True)),
-    ("wy split BD128 w8 heads-first", dict(wy_split=True, wu_bd=128, wu_warps=8, wy_heads_first=True)),
-    ("o loop BK64 BV64 w4 s3 heads-first", dict(o_bk=64, o_bv=64, o_warps=4, o_stages=3, o_heads_first=True)),
-    ("wy split + o BK64 BV64 w4 + h BV64", dict(wy_split=True, wu_bd=64, wy_heads_first=True, o_bk=64, o_bv=64,
-                                                 o_warps=4, o_heads_first=True, h_bv=64)),
-    ("wy split + o BK64 BV64 w4, no windows", dict(wy_split=True, wu_bd=64, wy_heads_first=True, o_bk=64,
-                                                    o_bv=64, o_warps=4, o_heads_first=True,
-                                                    overlap_max_programs=0)),
-    ("no windows", dict(overlap_max_programs=0)),
-    ("h BV64", dict(h_bv=64)),
-]
-
-
-class _Sweep:
-    """Rows of the sweep tables; a candidate that fails (shared memory, ...) is reported, not fatal."""
-
-    def __init__(self, t_end: float):
-        self.t_end, self.rows, self.last_err = t_end, [], float("nan")
-
-    def timed(self, label, variant, fn, graph=False, check=None):
-        if time.time() > self.t_end:
-            print(f"  {label} {variant}: skipped (sweep time is up)", flush=True)
-            return float("inf")
-        try:
-            ms = fn() if graph else bench_ms(fn, warmup_ms=5, rep_ms=30)
-            err = check() if check is not None else float("nan")
-        except Exception as e:
-            print(f"  {label} {variant}: failed {type(e).__name__}: {str(e)[:120]}", flush=True)
-            return float("inf")
-        self.rows.append([label, variant, ms, err])
-        self.last_err = err
-        print(f"  {label} {variant}: {ms:.4f} ms (rel diff vs table {err:.1e})", flush=True)
-        return ms
-
-
-def sweep_prefill(sw: _Sweep, fla_ms: dict | None = None):
-    """Every prefill candidate on each case, its output checked against the table's on the same
-    inputs; then per case the fastest checked candidate and the fields that select it."""
-    base = gdr._device_table(torch.device("cuda"))
-    times, cases = {}, {}
-    for name in PREFILL:
-        args = gdn_inputs(PREFILL[name])
-        cases[name] = (args, args[5].clone())
-
-    def run(name, tab):
-        args, ssm0 = cases[name]
-        args[5].copy_(ssm0)
-        o, steps = gdr.chunk_steps(*args, DK ** -0.5, table=tab)
-        for _, launch in steps:
-            launch()
-        return o
-    want = {}
-    for name in PREFILL:
-        want[name] = (run(name, base).clone(), cases[name][0][5].clone())
-
-    def check(name, tab):
-        """The larger of the output's and the final states' relative difference from the table's."""
-        o = run(name, tab)
-        return max(rel(o, want[name][0]), rel(cases[name][0][5], want[name][1]))
-    for label, fields in PREFILL_CANDIDATES:
-        tab = dataclasses.replace(base, **fields)
-        for name in PREFILL:
-            ms = sw.timed(f"prefill {name}", label, lambda: run(name, tab), check=lambda: check(name, tab))
-            # a candidate counts only with its output within the bf16 bound of the tests (2e-2)
-            if ms < float("inf") and sw.last_err < 2e-2:
-                times[(name, label)] = ms
-    cases.clear()  # frees the inputs (the closures above hold the dicts)
-    want.clear()
-    torch.cuda.empty_cache()
-    rows = []
-    for name in PREFILL:
-        got = {lab: ms for (n, lab), ms in times.items() if n == name}
-        if not got:
-            continue
-        best = min(got, key=got.get)
-        fla = (fla_ms or {}).get(name, float("nan"))
-        rows.append([name, best, got[best], got.get("table", float("nan")), fla, fla / got[best]])
-    print_table("Fastest checked prefill candidate per case (fla: this run's bench_prefill, if it ran)",
-                ["case", "candidate", "ms", "table ms", "fla ms", "fla/ours"], rows)
-    complete = [lab for lab, _ in PREFILL_CANDIDATES if all((n, lab) in times for n in PREFILL)]
-    if complete:
-        ref_ms = {n: times.get((n, "table"), 1.0) for n in PREFILL}
-        score = {lab: sum(times[(n, lab)] / ref_ms[n] for n in PREFILL) / len(PREFILL) for lab in complete}
-        best = min(score, key=score.get)
-        print(f"best over all three cases (mean time relative to the table): {best} ({score[best]:.3f}); "
-              f"select it with dataclasses.replace(row, **{dict(PREFILL_CANDIDATES)[best]})", flush=True)
-
-
-def sweep(t_end: float, fla_ms: dict | None = None, only_prefill: bool = False):
-    """Other launch tables around this device's table, until the wall clock reaches t_end (never at
-    serve time). Every candidate's output is compared with the table's on the same inputs, so a
-    table picked from these rows has been checked on this GPU. Order: what decides the most first."""
+def sweep(budget_s: float):
+    """Other launch tables, end to end, around this device's table (coordinate sweep)."""
+    t_end = time.time() + budget_s
     base = gdr._device_table(torch.device("cuda"))
     cbase = cv._device_table(torch.device("cuda"))
-    sw = _Sweep(t_end)
-    timed = sw.timed
-    sweep_prefill(sw, fla_ms)
-    if only_prefill:
-        print_table("Sweep (prefill launch tables, whole op; rel diff: output and state against the table's)",
-                    ["op / case", "variant", "ms", "rel diff"], sw.rows)
-        return
+    rows = []
 
-    def decode_check(b, tab):
-        """Output and new states of one decode step against the table's (state rel diff; o's the same)."""
-        q, k, v, g, beta, ssm, qsl, slots, has = gdn_inputs([1] * b, seed=7)
-        s1 = ssm.clone()
-        o1 = rec._recurrent(q, k, v, g, beta, s1, qsl, slots, has, 0.088, True, None, base)
-        o2 = rec._recurrent(q, k, v, g, beta, ssm, qsl, slots, has, 0.088, True, None, tab)
-        return max(rel(o2, o1), rel(ssm, s1))
+    def timed(label, variant, fn, graph=False):
+        if time.time() > t_end:
+            return
+        ms = fn() if graph else bench_ms(fn, warmup_ms=10, rep_ms=50)
+        rows.append([label, variant, ms])
+        print(f"  {label} {variant}: {ms:.4f} ms", flush=True)
 
-    for b in (8, 64, 256):
-        for bv, nw in ((64, 4), (32, 4), (32, 2), (16, 2), (16, 1), (64, 8)):
-            tab = dataclasses.replace(base, rec_bv=bv, rec_warps=nw)
-            timed(f"decode batch {b}", f"BV={bv} warps={nw}", lambda: decode_ms(b, tab)[0], graph=True,
-                  check=lambda: decode_check(b, tab))
-    x, w, st, qsl, slots, has = conv_inputs(PREFILL["8 x 4K ragged"])
-    st0 = st.clone()
-
-    def conv(tab):
-        st.copy_(st0)
-        return cv._conv(x, w, st, qsl, slots, has, "silu", tab)
-    want = conv(dataclasses.replace(cbase, rows=None, fwd=cv.ConvLaunch(16, 256, 8, 2))).clone()
-    for kind, c in (("tile", (16, 256, 8, 2)), ("tile", (8, 256, 4, 2)), ("tile", (8, 512, 8, 2)),
-                    ("tile", (4, 512, 4, 2)), ("rows", (64, 512, 2, 1)), ("rows", (128, 1024, 4, 1))):
-        launch = cv.ConvLaunch(*c)
-        tab = dataclasses.replace(cbase, rows=launch if kind == "rows" else None,
-                                  fwd=launch if kind == "tile" else cbase.fwd)
-        timed("conv 8 x 4K", f"{kind} {c}", lambda: conv(tab), check=lambda: rel(conv(tab), want))
     for b in (8, 256):
-        for bc, nw in ((512, 4), (1024, 8), (256, 2), (1024, 4)):
-            tab = dataclasses.replace(cbase, update=cv.ConvLaunch(1, bc, nw, 1))
-            timed(f"conv decode {b}", f"BC={bc} warps={nw}", lambda: conv_decode_ms(b, tab)[0], graph=True)
-    print_table("Sweep (other launch parameters, whole op; rel diff: output against the table's)",
-                ["op / case", "variant", "ms", "rel diff"], sw.rows)
+        for bv, nw in ((64, 4), (32, 4), (64, 8), (128, 8)):
+            tab = dataclasses.replace(base, rec_bv=bv, rec_warps=nw)
+            timed(f"decode batch {b}", f"BV={bv} warps={nw}", lambda: decode_ms(b, tab)[0], graph=True)
+    x, w, st, qsl, slots, has = conv_inputs(PREFILL["8 x 4K ragged"])
+    for bt, bc, nw in ((16, 256, 8), (8, 512, 8), (16, 128, 4), (32, 256, 8), (8, 256, 4)):
+        tab = dataclasses.replace(cbase, fwd=cv.ConvLaunch(bt, bc, nw, cbase.fwd.num_stages))
+        cv._conv(x, w, st, qsl, slots, has, "silu", tab)
+        timed("conv 8 x 4K", f"BT={bt} BC={bc} warps={nw}", lambda: cv._conv(x, w, st, qsl, slots, has, "silu", tab))
+    for bc, nw in ((512, 4), (1024, 8), (256, 2), (256, 4)):
+        tab = dataclasses.replace(cbase, update=cv.ConvLaunch(1, bc, nw, 1))
+        timed("conv decode 256", f"BC={bc} warps={nw}", lambda: conv_decode_ms(256, tab)[0], graph=True)
+    variants = [("table", base), ("no overlap", dataclasses.replace(base, overlap_max_programs=0)),
+                ("scan warps 4", dataclasses.replace(base, scan_warps=4)),
+                ("wy warps 8", dataclasses.replace(base, wy_warps=8)),
+                ("scan BV 32 warps 4", dataclasses.replace(base, scan_bv=32, scan_warps=4)),
+                ("scan stages 3", dataclasses.replace(base, scan_stages=3)),
+                ("scan stages 1", dataclasses.replace(base, scan_stages=1)),
+                ("scan BV 32 warps 8", dataclasses.replace(base, scan_bv=32)),
+                ("wy warps 2", dataclasses.replace(base, wy_warps=2))]
+    for name in ("1 x 64K", "8 x 4K ragged", "1 x 8K"):
+        args = gdn_inputs(PREFILL[name])
+        for label, tab in variants:
+            if time.time() > t_end:
+                break
+
+            def run(tab=tab):
+                for _, launch in gdr.chunk_steps(*args, DK ** -0.5, table=tab)[1]:
+                    launch()
+            run()
+            timed(f"prefill {name}", label, run)
+        torch.cuda.empty_cache()
+    print_table("Sweep (whole op, other launch parameters)", ["op / case", "variant", "ms"], rows)
 
 
 def profile_64k():
@@ -359,23 +252,22 @@ def profile_64k():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sweep", type=float, default=0.0,
-                    help="time other launch tables until this many seconds after the start")
+    ap.add_argument("--sweep", type=float, default=0.0, help="seconds to spend timing other launch tables")
     ap.add_argument("--no-fla", action="store_true")
-    ap.add_argument("--only", choices=["prefill", "decode", "conv", "sweep", "sweep-prefill"], default=None)
+    ap.add_argument("--only", choices=["prefill", "decode", "conv", "sweep"], default=None)
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
-    t0 = time.time()
     print(device_header(), flush=True)
     if args.only in (None, "decode"):
         bench_decode()
     if args.only in (None, "conv"):
         bench_conv()
-    fla_ms = bench_prefill(not args.no_fla) if args.only in (None, "prefill") else None
+    if args.only in (None, "prefill"):
+        bench_prefill(not args.no_fla)
     if args.profile:
         profile_64k()
-    if args.sweep > 0 or args.only in ("sweep", "sweep-prefill"):
-        sweep(t0 + (args.sweep or 60.0), fla_ms, only_prefill=args.only in ("prefill", "sweep-prefill"))
+    if args.sweep > 0 or args.only == "sweep":
+        sweep(args.sweep or 60.0)
 
 
 if __name__ == "__main__":

@@ -32,21 +32,14 @@ class ConvLaunch:
 
 @dataclass(frozen=True)
 class ConvTable:
-    fwd: ConvLaunch      # causal_conv1d_fwd_kernel (tiles; any Kc)
+    fwd: ConvLaunch      # causal_conv1d_fwd_kernel
     state: ConvLaunch    # causal_conv1d_state_kernel
     update: ConvLaunch   # causal_conv1d_update_kernel
-    # causal_conv1d_rows_kernel (BT: tokens per program), used instead of the tile kernel for Kc <= 4
-    rows: ConvLaunch | None = None
 
 
-# Memory-bound. The tile kernel loads each x row once per tap; on the H200 (bench_gdn.py --sweep,
-# 8 x 4K ragged) (8 tokens, 256 channels, 4 warps) took 0.603 ms against 0.693 at (16, 256, 8)
-# (0.626 at (8, 512, 8), 0.647 at (4, 512, 4)): 16 elements per thread keep ~90 registers; 32
-# needed ~150 and spilled. The rows kernel (each row loaded once, 4 rows ahead, 95 registers)
-# took 0.632 at (64, 512, 2 warps) and 0.637 at (128, 1024, 4): no row uses it. sm_70: no
-# cp.async, 1 stage; sm_80 copies sm_90's prefill entry unmeasured. Update: 16 elements per
-# thread ((512, 4 warps) and (256, 2) within 3% at batch 8 and 256).
-ROWS_LAUNCH = ConvLaunch(64, 512, 2, 1)
+# Memory-bound: 16 elements per thread keep registers near 80 (ptxas, sm_90); 32 needed ~150 and
+# spilled. sm_90 prefill: the H200 sweep (bench_gdn.py --sweep) timed (8, 256, 4 warps) at 0.60 ms
+# on 8 x 4K against 0.69 for (16, 256, 8); sm_80 follows it unmeasured. sm_70: no cp.async, 1 stage.
 _TABLE = {
     70: ConvTable(ConvLaunch(16, 128, 4, 1), ConvLaunch(1, 256, 2, 1), ConvLaunch(1, 256, 2, 1)),
     80: ConvTable(ConvLaunch(8, 256, 4, 2), ConvLaunch(1, 256, 2, 1), ConvLaunch(1, 512, 4, 1)),
@@ -104,61 +97,8 @@ def causal_conv1d_fwd_kernel(x, w, conv_states, qsl, state_slots, has_init, out,
 
 
 @triton.jit
-def causal_conv1d_rows_kernel(x, w, out, T, C, stride_x_t, stride_o_t, stride_w_c, KC: tl.constexpr,
-                              BT: tl.constexpr, BC: tl.constexpr, SILU: tl.constexpr):
-    """BT tokens x BC channels, one token row at a time, as if the batch were one sequence: every x
-    row is loaded once (the tile kernel loads it once per tap), four rows ahead of its use so that
-    the loads stay in flight, and the last KC-1 rows ride along in registers. The first KC-1 rows
-    of each sequence come out wrong here (their windows reach into the previous sequence) and are
-    recomputed by the state kernel. KC <= 4."""
-    i_t, i_c = tl.program_id(0), tl.program_id(1)
-    t0 = i_t * BT
-    last = tl.minimum(t0 + BT, T) - 1
-    o_c = i_c * BC + tl.arange(0, BC)
-    m_c = o_c < C
-    p_x = x + o_c
-    # [BC] per tap, oldest row first
-    b_w3 = tl.load(w + o_c * stride_w_c + (KC - 1), mask=m_c, other=0.)
-    if KC > 1:
-        b_w2 = tl.load(w + o_c * stride_w_c + (KC - 2), mask=m_c, other=0.)
-    if KC > 2:
-        b_w1 = tl.load(w + o_c * stride_w_c + (KC - 3), mask=m_c, other=0.)
-    if KC > 3:
-        b_w0 = tl.load(w + o_c * stride_w_c + (KC - 4), mask=m_c, other=0.)
-    # rows t0-3..t0-1 (clamped at row 0: only the batch's first rows, which the state kernel redoes)
-    # and the queue t0..t0+3 (clamped at the program's last row: those loads go unused)
-    b_p3 = tl.load(p_x + tl.maximum(t0 - 3, 0).to(tl.int64) * stride_x_t, mask=m_c, other=0.)
-    b_p2 = tl.load(p_x + tl.maximum(t0 - 2, 0).to(tl.int64) * stride_x_t, mask=m_c, other=0.)
-    b_p1 = tl.load(p_x + tl.maximum(t0 - 1, 0).to(tl.int64) * stride_x_t, mask=m_c, other=0.)
-    b_q0 = tl.load(p_x + t0.to(tl.int64) * stride_x_t, mask=m_c, other=0.)
-    b_q1 = tl.load(p_x + tl.minimum(t0 + 1, last).to(tl.int64) * stride_x_t, mask=m_c, other=0.)
-    b_q2 = tl.load(p_x + tl.minimum(t0 + 2, last).to(tl.int64) * stride_x_t, mask=m_c, other=0.)
-    b_q3 = tl.load(p_x + tl.minimum(t0 + 3, last).to(tl.int64) * stride_x_t, mask=m_c, other=0.)
-    p_o = out + t0.to(tl.int64) * stride_o_t + o_c
-    for t in range(t0, last + 1):
-        b_xn = tl.load(p_x + tl.minimum(last * 0 + t + 4, last).to(tl.int64) * stride_x_t, mask=m_c, other=0.)
-        # taps oldest first, as the twin sums them
-        acc = b_w3.to(tl.float32) * b_q0.to(tl.float32)
-        if KC > 1:
-            acc = b_w2.to(tl.float32) * b_p1.to(tl.float32) + acc
-        if KC > 2:
-            acc = b_w1.to(tl.float32) * b_p2.to(tl.float32) + acc
-        if KC > 3:
-            acc = b_w0.to(tl.float32) * b_p3.to(tl.float32) + acc
-        if SILU:
-            acc = acc * tl.sigmoid(acc)
-        tl.store(p_o, acc.to(out.dtype.element_ty), mask=m_c)
-        p_o += stride_o_t
-        b_p3, b_p2, b_p1 = b_p2, b_p1, b_q0
-        b_q0, b_q1, b_q2, b_q3 = b_q1, b_q2, b_q3, b_xn
-
-
-@triton.jit
-def causal_conv1d_state_kernel(x, w, conv_states, qsl, state_slots, has_init, out, C, stride_x_t, stride_o_t,
-                               stride_s_slot, stride_w_c, KC: tl.constexpr, KP: tl.constexpr, BC: tl.constexpr,
-                               FIX: tl.constexpr, SILU: tl.constexpr):
-    """The new state of each (sequence, channel block) and, with FIX (after the rows kernel), the
-    sequence's first KC-1 outputs, whose windows reach into the old state."""
+def causal_conv1d_state_kernel(x, conv_states, qsl, state_slots, has_init, C, stride_x_t, stride_s_slot,
+                               KC: tl.constexpr, KP: tl.constexpr, BC: tl.constexpr):
     i_b, i_c = tl.program_id(0), tl.program_id(1)
     bos = tl.load(qsl + i_b)
     n = tl.load(qsl + i_b + 1) - bos
@@ -180,23 +120,6 @@ def causal_conv1d_state_kernel(x, w, conv_states, qsl, state_slots, has_init, ou
     b_old = tl.load(p_old, mask=m_old[:, None] & m_c[None, :], other=0.)
     b_x = tl.load(p_x, mask=m_new[:, None] & m_c[None, :], other=0.)
     b_new = tl.where(m_new[:, None], b_x.to(conv_states.dtype.element_ty), b_old)
-    if FIX:
-        # [KP, BC]
-        b_w = tl.load(w + o_c[None, :] * stride_w_c + o_r[:, None], mask=(o_r < KC)[:, None] & m_c[None, :],
-                      other=0.).to(tl.float32)
-        for r in tl.static_range(KC - 1):
-            # tap j of output row r reads old state row r + j while that is < KC-1, else x row bos + r + j - (KC-1)
-            o_s = r + o_r
-            m_j = (o_r < KC) & (o_r < tl.where(r < n, KC, 0))
-            p_s = conv_states + slot * stride_s_slot + o_s[:, None] * C + o_c[None, :]
-            p_xr = x + (bos + o_s - (KC - 1)).to(tl.int64)[:, None] * stride_x_t + o_c[None, :]
-            b_s = tl.load(p_s, mask=(m_j & (o_s < n_old))[:, None] & m_c[None, :], other=0.)
-            b_xr = tl.load(p_xr, mask=(m_j & (o_s >= KC - 1))[:, None] & m_c[None, :], other=0.)
-            acc = tl.sum(tl.where((o_s < KC - 1)[:, None], b_s, b_xr).to(tl.float32) * b_w, 0)
-            if SILU:
-                acc = acc * tl.sigmoid(acc)
-            tl.store(out + (bos + r).to(tl.int64) * stride_o_t + o_c, acc.to(out.dtype.element_ty),
-                     mask=m_c & (o_c < tl.where(r < n, C, 0)))
     # rows are shifted in place: every thread must have read before any thread writes
     tl.debug_barrier()
     p_st = conv_states + slot * stride_s_slot + o_r[:, None] * C + o_c[None, :]
@@ -271,23 +194,15 @@ def _conv(x, weight, conv_states, query_start_loc, state_slots, has_initial_stat
     if t == 0 or b == 0:
         return out
     cfg = table or _device_table(x.device)
-    rows = cfg.rows is not None and kc <= 4
-    f = cfg.rows if rows else cfg.fwd
-    grid = (triton.cdiv(t, f.BT), triton.cdiv(c, f.BC))
-    silu = activation == "silu"
-    if rows:
-        causal_conv1d_rows_kernel[grid](x, weight, out, t, c, x.stride(0), out.stride(0), weight.stride(0), KC=kc,
-                                        BT=f.BT, BC=f.BC, SILU=silu, num_warps=f.num_warps, num_stages=f.num_stages)
-    else:
-        causal_conv1d_fwd_kernel[grid](
-            x, weight, conv_states, query_start_loc, state_slots, has_initial_state, out,
-            t, c, b, b.bit_length(), x.stride(0), out.stride(0), conv_states.stride(0), weight.stride(0),
-            KC=kc, BT=f.BT, BC=f.BC, SILU=silu, num_warps=f.num_warps, num_stages=f.num_stages)
+    f = cfg.fwd
+    causal_conv1d_fwd_kernel[(triton.cdiv(t, f.BT), triton.cdiv(c, f.BC))](
+        x, weight, conv_states, query_start_loc, state_slots, has_initial_state, out,
+        t, c, b, b.bit_length(), x.stride(0), out.stride(0), conv_states.stride(0), weight.stride(0),
+        KC=kc, BT=f.BT, BC=f.BC, SILU=activation == "silu", num_warps=f.num_warps, num_stages=f.num_stages)
     s = cfg.state
     causal_conv1d_state_kernel[(b, triton.cdiv(c, s.BC))](
-        x, weight, conv_states, query_start_loc, state_slots, has_initial_state, out, c, x.stride(0), out.stride(0),
-        conv_states.stride(0), weight.stride(0), KC=kc, KP=triton.next_power_of_2(kc), BC=s.BC, FIX=rows,
-        SILU=silu, num_warps=s.num_warps, num_stages=s.num_stages)
+        x, conv_states, query_start_loc, state_slots, has_initial_state, c, x.stride(0), conv_states.stride(0),
+        KC=kc, KP=triton.next_power_of_2(kc), BC=s.BC, num_warps=s.num_warps, num_stages=s.num_stages)
     return out
 
 
@@ -319,7 +234,7 @@ def aot_configs(cc: int) -> list[AotConfig]:
     out = []
     for dt in dtypes:
         p = f"*{dt}"
-        f, s, u, r = cfg.fwd, cfg.state, cfg.update, cfg.rows
+        f, s, u = cfg.fwd, cfg.state, cfg.update
         out.append(AotConfig(
             "causal_conv1d_fwd_kernel",
             {"x": p, "w": p, "conv_states": p, "qsl": "*i32", "state_slots": "*i32", "has_init": "*i1", "out": p,
@@ -327,20 +242,11 @@ def aot_configs(cc: int) -> list[AotConfig]:
              "stride_s_slot": "i32", "stride_w_c": "i32",
              "KC": "constexpr", "BT": "constexpr", "BC": "constexpr", "SILU": "constexpr"},
             {"KC": 4, "BT": f.BT, "BC": f.BC, "SILU": True}, f.num_warps, f.num_stages, f"conv1d_fwd_{dt}"))
-        if r is not None:
-            out.append(AotConfig(
-                "causal_conv1d_rows_kernel",
-                {"x": p, "w": p, "out": p, "T": "i32", "C": "i32", "stride_x_t": "i32", "stride_o_t": "i32",
-                 "stride_w_c": "i32", "KC": "constexpr", "BT": "constexpr", "BC": "constexpr", "SILU": "constexpr"},
-                {"KC": 4, "BT": r.BT, "BC": r.BC, "SILU": True}, r.num_warps, r.num_stages, f"conv1d_rows_{dt}",
-                divisible_by_16=("C", "stride_x_t", "stride_o_t")))
         out.append(AotConfig(
             "causal_conv1d_state_kernel",
-            {"x": p, "w": p, "conv_states": p, "qsl": "*i32", "state_slots": "*i32", "has_init": "*i1", "out": p,
-             "C": "i32", "stride_x_t": "i32", "stride_o_t": "i32", "stride_s_slot": "i32", "stride_w_c": "i32",
-             "KC": "constexpr", "KP": "constexpr", "BC": "constexpr", "FIX": "constexpr", "SILU": "constexpr"},
-            {"KC": 4, "KP": 4, "BC": s.BC, "FIX": r is not None, "SILU": True}, s.num_warps, s.num_stages,
-            f"conv1d_state_{dt}"))
+            {"x": p, "conv_states": p, "qsl": "*i32", "state_slots": "*i32", "has_init": "*i1", "C": "i32",
+             "stride_x_t": "i32", "stride_s_slot": "i32", "KC": "constexpr", "KP": "constexpr", "BC": "constexpr"},
+            {"KC": 4, "KP": 4, "BC": s.BC}, s.num_warps, s.num_stages, f"conv1d_state_{dt}"))
         out.append(AotConfig(
             "causal_conv1d_update_kernel",
             {"x": p, "w": p, "conv_states": p, "state_slots": "*i32", "out": p, "C": "i32", "stride_x_t": "i32",

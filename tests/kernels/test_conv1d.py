@@ -109,24 +109,3 @@ def test_causal_conv1d_gpu_real_shape(dtype):
     out = causal_conv1d_update(xd, w, st, sl)
     _close(out, out_ref, dtype)
     assert torch.equal(st, st_ref)
-
-
-@pytest.mark.parametrize("launch", [None, "rows", "rows_tiny"])
-@pytest.mark.parametrize("kc", [4, 3])
-def test_causal_conv1d_other_kernels(launch, kc):
-    """The rows kernel (its default launch, and 2-token programs: look-ahead clamped at every
-    program's end, 16-channel blocks) and the tile kernel, on sequences that start inside programs."""
-    import dataclasses
-    from catengine.kernels import conv1d as cv
-    rows = {None: None, "rows": cv.ROWS_LAUNCH, "rows_tiny": cv.ConvLaunch(2, 16, 1, 1)}[launch]
-    table = dataclasses.replace(cv._TABLE[80], rows=rows)
-    gen = torch.Generator().manual_seed(kc + 100 * (launch is None))
-    lens = [2, 1, 0, 7, 3, 4]
-    x, w, states, slots, has = _case(lens, 40, kc, torch.float32, gen)
-    qsl = _qsl(lens)
-    st_ref = states.clone()
-    out_ref = ref.causal_conv1d(x, w, st_ref, qsl, slots, has, "silu")
-    st = states.clone().to(DEV)
-    out = cv._conv(x.to(DEV), w.to(DEV), st, qsl.to(DEV), slots.to(DEV), has.to(DEV), "silu", table)
-    _close(out, out_ref, torch.float32)
-    assert torch.equal(st.cpu(), st_ref)

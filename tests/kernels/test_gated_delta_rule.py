@@ -94,70 +94,10 @@ def test_chunk_gated_delta_rule_matches_reference(name):
     assert torch.equal(ssm_d[kept].cpu(), ssm[kept]), "slots of other (or empty) sequences must stay as they were"
 
 
-# the alternative launch forms (GDNTable fields), on top of the interpreter's sm_80 row: the output
-# kernel that walks dk in tiles (BK 16 under dk 20..32: two or more tiles, the last one partly past
-# dk) with either grid order, WY as inverse + w/u kernels (BD 16: several column tiles of dk and dv),
-# and the fused WY kernel with its heads-first grid
-VARIANTS = {
-    "o_loop_heads_first": dict(o_bk=16, o_bv=16, o_heads_first=True),
-    "o_loop_chunk_first": dict(o_bk=16, o_bv=32, wy_heads_first=True),
-    "wy_split_heads_first": dict(wy_split=True, wu_bd=16, wy_heads_first=True),
-    "wy_split_o_loop": dict(wy_split=True, wu_bd=64, o_bk=64, o_heads_first=True),
-}
-
-
-def _run_table(table, q, k, v, g, beta, ssm, qsl, slots, has, scale, l2norm=True):
-    ssm_d = ssm.clone().to(DEV)
-    o, steps = gdr.chunk_steps(*(x.to(DEV) for x in (q, k, v, g, beta)), ssm_d, qsl.to(DEV), slots.to(DEV),
-                               has.to(DEV), scale, l2norm, table=table)
-    for _, launch in steps:
-        launch()
-    return o, ssm_d
-
-
-@pytest.mark.parametrize("variant", list(VARIANTS))
-@pytest.mark.parametrize("name", ["ragged_1_to_300_gqa2", "fp16_no_init_empty_seq", "short_gqa3_padded_dims"])
-def test_chunk_variants_match_reference(variant, name):
-    lens, hk, r, dk, dv, dtype, has_p = CHUNK_CASES[name]
-    gen = torch.Generator().manual_seed(len(name) + 1)
-    q, k, v, g, beta, ssm, qsl, slots, has = _case(lens, hk, r, dk, dv, dtype, gen, has_p=has_p)
-    ssm_ref = ssm.clone()
-    o_ref = ref.chunk_gated_delta_rule(q, k, v, g, beta, ssm_ref, qsl, slots, has, dk ** -0.5)
-    o, ssm_d = _run_table(dataclasses.replace(gdr._TABLE[80], **VARIANTS[variant]), q, k, v, g, beta, ssm, qsl,
-                          slots, has, dk ** -0.5)
-    assert _rel(o, o_ref) < TOL[dtype]
-    written = [int(s) for s, n in zip(slots, lens) if n > 0]
-    assert _rel(ssm_d[written], ssm_ref[written]) < TOL[dtype]
-    kept = [i for i in range(ssm.shape[0]) if i not in written]
-    assert torch.equal(ssm_d[kept].cpu(), ssm[kept])
-
-
-@pytest.mark.parametrize("variant", ["o_loop_heads_first", "wy_split_heads_first"])
-def test_chunk_variants_windows_and_no_l2norm(variant):
-    """The alternative kernels launched per window (chunk offset c_lo into a heads-first grid), and
-    without the in-kernel l2norm."""
-    gen = torch.Generator().manual_seed(21)
-    lens = [130, 1, 200, 64]
-    q, k, v, g, beta, ssm, qsl, slots, _ = _case(lens, 1, 2, 16, 16, torch.float32, gen)
-    has = torch.tensor([True, False, False, True])
-    table = dataclasses.replace(gdr._TABLE[80], overlap_max_programs=1 << 30, overlap_min_chunks=2,
-                                overlap_segments=5, **VARIANTS[variant])
-    ssm_ref = ssm.clone()
-    o_ref = ref.chunk_gated_delta_rule(q, k, v, g, beta, ssm_ref, qsl, slots, has, 0.25)
-    o, ssm_d = _run_table(table, q, k, v, g, beta, ssm, qsl, slots, has, 0.25)
-    assert _rel(o, o_ref) < 1e-4 and _rel(ssm_d, ssm_ref) < 1e-4
-    k = k / k.norm(dim=-1, keepdim=True) * 0.9
-    ssm_ref = ssm.clone()
-    o_ref = ref.chunk_gated_delta_rule(q, k, v, g, beta, ssm_ref, qsl, slots, has, 0.3, use_qk_l2norm=False)
-    o, ssm_d = _run_table(table, q, k, v, g, beta, ssm, qsl, slots, has, 0.3, l2norm=False)
-    assert _rel(o, o_ref) < 1e-4 and _rel(ssm_d, ssm_ref) < 1e-4
-
-
 def test_chunk_segments_hand_the_state_on():
-    """The path that overlaps WY, state and output kernels cuts the chunks into windows; each state
-    launch continues from the state the previous one left in the slot. Forced here on tiny inputs
-    (windows of 3 chunks cut through the 7-chunk sequence and fall between the others); the
-    stream overlap itself runs only on CUDA (checked there by bench_gdn.py --sweep)."""
+    """The path that overlaps WY and scan cuts the chunks into windows; each scan launch continues
+    from the state the previous one left in the slot. Forced here on tiny inputs (windows of 3
+    chunks cut through the 7-chunk sequence and fall between the others)."""
     gen = torch.Generator().manual_seed(9)
     lens = [130, 1, 0, 200, 64]
     q, k, v, g, beta, ssm, qsl, slots, _ = _case(lens, 1, 2, 16, 16, torch.float32, gen)
@@ -169,23 +109,7 @@ def test_chunk_segments_hand_the_state_on():
     ssm_d = ssm.clone().to(DEV)
     o, steps = gdr.chunk_steps(*(x.to(DEV) for x in (q, k, v, g, beta)), ssm_d, qsl.to(DEV), slots.to(DEV),
                                has.to(DEV), 0.25, table=table)
-    assert [name for name, _ in steps] == ["wy+h+o overlapped"]
-    for _, launch in steps:
-        launch()
-    assert _rel(o, o_ref) < 1e-4 and _rel(ssm_d, ssm_ref) < 1e-4
-
-
-def test_chunk_value_blocks():
-    """dv split over several programs in the state and output kernels (blocks of 16 of dv = 32)."""
-    gen = torch.Generator().manual_seed(13)
-    q, k, v, g, beta, ssm, qsl, slots, has = _case([70, 5], 1, 2, 16, 32, torch.float32, gen, has_p=1)
-    ssm_ref = ssm.clone()
-    o_ref = ref.chunk_gated_delta_rule(q, k, v, g, beta, ssm_ref, qsl, slots, has, 0.25)
-    table = dataclasses.replace(gdr._TABLE[80], h_bv=16, o_bv=16)
-    ssm_d = ssm.clone().to(DEV)
-    o, steps = gdr.chunk_steps(*(x.to(DEV) for x in (q, k, v, g, beta)), ssm_d, qsl.to(DEV), slots.to(DEV),
-                               has.to(DEV), 0.25, table=table)
-    assert [name for name, _ in steps] == ["offsets", "wy", "h", "o"]
+    assert [name for name, _ in steps] == ["wy+scan overlapped"]
     for _, launch in steps:
         launch()
     assert _rel(o, o_ref) < 1e-4 and _rel(ssm_d, ssm_ref) < 1e-4
@@ -243,7 +167,7 @@ def test_recurrent_speculative_intermediate_slots():
 
 
 # ---------------------------------------------------------------- GPU, Qwen3.5-27B shape
-def _gpu_chunk_check(lens, seed, slow_decay=False, table=None):
+def _gpu_chunk_check(lens, seed, slow_decay=False):
     gen = torch.Generator().manual_seed(seed)
     q, k, v, g, beta, ssm, qsl, slots, has = _case(lens, 16, 3, 128, 128, torch.bfloat16, gen, device="cuda",
                                                    slow_decay=slow_decay)
@@ -251,12 +175,7 @@ def _gpu_chunk_check(lens, seed, slow_decay=False, table=None):
     ssm_ref = ssm.clone()
     # the oracle: the chunked twin in fp32 on the GPU (same bf16 inputs, fp32 math everywhere)
     o_ref = ref.chunk_gated_delta_rule(q, k, v, g, beta, ssm_ref, qsl, slots, has, scale)
-    if table is None:
-        o = chunk_gated_delta_rule(q, k, v, g, beta, ssm, qsl, slots, has, scale)
-    else:
-        o, steps = gdr.chunk_steps(q, k, v, g, beta, ssm, qsl, slots, has, scale, table=table)
-        for _, launch in steps:
-            launch()
+    o = chunk_gated_delta_rule(q, k, v, g, beta, ssm, qsl, slots, has, scale)
     torch.cuda.synchronize()
     e_o, e_s = _rel(o, o_ref), _rel(ssm, ssm_ref)
     print(f"\nchunk lens={lens if len(lens) < 8 else len(lens)} slow_decay={slow_decay}: "
@@ -273,23 +192,6 @@ def test_chunk_gpu_real_shape_ragged():
 @pytest.mark.parametrize("slow_decay", [False, True])
 def test_chunk_gpu_real_shape_64k(slow_decay):
     _gpu_chunk_check([65536], seed=2, slow_decay=slow_decay)
-
-
-# the alternative kernels at the real tiles (as the sweep runs them), plain and with windows
-GPU_VARIANTS = {
-    "o_loop_bk64_bv128_w8": dict(o_bk=64, o_bv=128, o_warps=8, o_heads_first=True, wy_heads_first=True),
-    "o_loop_bk64_bv64_w4": dict(o_bk=64, o_bv=64, o_warps=4, o_heads_first=True),
-    "wy_split_bd64": dict(wy_split=True, wu_bd=64, wy_heads_first=True),
-    "wy_split_bd128_w8": dict(wy_split=True, wu_bd=128, wu_warps=8),
-}
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("variant", list(GPU_VARIANTS))
-@pytest.mark.parametrize("lens", [[1, 63, 64, 65, 1000, 4096, 0, 7], [16384]])
-def test_chunk_gpu_real_shape_variants(variant, lens):
-    base = gdr._device_table(torch.device("cuda"))
-    _gpu_chunk_check(lens, seed=4, table=dataclasses.replace(base, **GPU_VARIANTS[variant]))
 
 
 @pytest.mark.gpu
