@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -48,7 +49,25 @@ def compile_config(module, cfg: AotConfig, cc: int) -> dict:
     ptx = k.asm["ptx"]
     return {"kernel": cfg.kernel, "name": cfg.name, "cc": cc, "shared": k.metadata.shared,
             "forbidden": [s for s in SM70_FORBIDDEN_PTX if s in ptx] if cc < 80 else [],
-            "mma884": "mma.sync.aligned.m8n8k4" in ptx}
+            "mma884": "mma.sync.aligned.m8n8k4" in ptx,
+            "overwritten_wgmma_operands": overwritten_wgmma_operands(k.asm.get("ttgir", ""))}
+
+
+def overwritten_wgmma_operands(ttgir: str) -> list[str]:
+    """Pipelined shared buffers with a single slot that an asynchronous wgmma reads while a later
+    wait still leaves wgmma groups in flight: the copy of the next iteration's tile then overwrites
+    operands the hardware may still be reading. Triton's pipeliner (3.6, 3.9) does this to a tile
+    that feeds a wgmma and also another use (a sum, say); the interpreter cannot show the result."""
+    if not re.search(r"warp_group_dot_wait[^\n]*pendings = [1-9]", ttgir):
+        return []
+    single = set(re.findall(r"(%[\w.]+) = ttg\.local_alloc\s*(?:\{[^}]*\})?\s*: \(\) -> !ttg\.memdesc<1x", ttgir))
+    view = dict(re.findall(r"(%[\w.]+) = ttg\.memdesc_index (%[\w.]+)\[", ttgir))
+    hits = []
+    for line in ttgir.splitlines():
+        m = re.search(r"ttng\.warp_group_dot (%[\w.]+), (%[\w.]+),[^\n]*isAsync = true", line)
+        if m:
+            hits += [view.get(x, x) for x in m.groups() if view.get(x, x) in single]
+    return sorted(set(hits))
 
 
 def compile_module(module_name: str, cc: int) -> list[dict]:

@@ -1,5 +1,6 @@
 """Every launch configuration of every Triton module compiles ahead of time for sm_70 (within the V100's
-96 KB of shared memory and without sm_80+ instructions) and for sm_90. No GPU needed."""
+96 KB of shared memory and without sm_80+ instructions) and for sm_90 (without pipelined wgmma
+operands that the next copy overwrites). No GPU needed."""
 import importlib.util
 
 import pytest
@@ -19,3 +20,25 @@ def test_module_compiles(module, cc):
         if cc == 70:
             assert r["shared"] <= SM70_SHARED_LIMIT, f"{r} needs more shared memory than a V100 block has"
             assert not r["forbidden"], f"{r} emits instructions sm_70 lacks"
+        # a single-slot pipelined buffer read by an asynchronous wgmma that is still in flight when
+        # the next tile's copy lands: wrong results on Hopper only (the interpreter runs it right)
+        assert not r["overwritten_wgmma_operands"], f"{r}: the next tile's copy overwrites wgmma operands"
+
+
+_TTGIR = """
+    %a = ttg.local_alloc : () -> !ttg.memdesc<{slots}x64x64xf16, #shared, #smem, mutable>
+    %b = ttg.local_alloc : () -> !ttg.memdesc<2x64x64xf16, #shared, #smem, mutable>
+    %a0 = ttg.memdesc_index %a[%i] : !ttg.memdesc<{slots}x64x64xf16> -> !ttg.memdesc<64x64xf16>
+    %b0 = ttg.memdesc_index %b[%i] : !ttg.memdesc<2x64x64xf16> -> !ttg.memdesc<64x64xf16>
+    %d = ttng.warp_group_dot %a0, %b0, %acc {inputPrecision = 0 : i32, isAsync = true} : ...
+    %w:3 = ttng.warp_group_dot_wait %d, %a0, %b0 {pendings = {pendings} : i32} : ...
+"""
+
+
+@pytest.mark.parametrize("slots,pendings,flagged", [(1, 1, ["%a"]), (2, 1, []), (1, 0, [])])
+def test_overwritten_wgmma_operands_reads_ttgir(slots, pendings, flagged):
+    """The check flags a single-slot buffer feeding an asynchronous wgmma only while a wait leaves
+    wgmma groups in flight; double-buffered operands and fully waited wgmmas pass."""
+    from catengine.kernels.aot import overwritten_wgmma_operands
+    ttgir = _TTGIR.replace("{slots}", str(slots)).replace("{pendings}", str(pendings))
+    assert overwritten_wgmma_operands(ttgir) == flagged
