@@ -340,22 +340,26 @@ def _aot(kernel, ptrs: dict, consts: dict, num_warps: int, num_stages: int, name
                      num_warps, num_stages, name)
 
 
+# the model's head dims, which every ahead-of-time build of the GDN kernels uses
+AOT_DIMS = {"K": 128, "V": 128, "BK": 128, "USE_L2NORM": True}
+
+
+def aot_dtype(cc: int) -> str:
+    """The activation dtype an architecture serves: fp16 on sm_70, which has no bf16; bf16 from sm_80
+    on (the fp16 build of the same tiles has the same shared-memory footprint)."""
+    return "fp16" if cc < 80 else "bf16"
+
+
 def aot_configs(cc: int) -> list[AotConfig]:
-    """Every launch of this architecture's table at the model's head dims (dk = dv = 128), for each
-    activation dtype each architecture serves (fp16 on sm_70, which has no bf16; bf16
-    from sm_80 on: the fp16 build of the same tiles has the same shared-memory footprint)."""
+    """Every launch of this architecture's table at the model's head dims (dk = dv = 128)."""
     c = _TABLE[arch_from_cc(cc)]
-    out = []
-    for dt in (["fp16"] if cc < 80 else ["bf16"]):
-        p, f32, i32 = f"*{dt}", "*fp32", "*i32"
-        dims = {"K": 128, "V": 128, "BK": 128, "USE_L2NORM": True}
-        out += [
-            _aot(gdn_chunk_wy_kernel, {"k": p, "g": f32, "beta": f32, "x": p, "qsl": i32, "cu_chunks": i32},
-                 dict(K=128, BK=128, USE_L2NORM=True, DOT=c.wy_dot), c.wy_warps, 1, f"chunk_wy_{dt}"),
-            _aot(gdn_chunk_scan_kernel, {"q": p, "k": p, "v": p, "x": p, "g": f32, "beta": f32, "o": p, "ssm": f32,
-                                         "qsl": i32, "cu_chunks": i32, "state_slots": i32, "has_init": "*i1"},
-                 dict(dims, BV=c.scan_bv), c.scan_warps, c.scan_stages, f"chunk_scan_{dt}"),
-        ]
-    out.append(_aot(gdn_chunk_offsets_kernel, {"qsl": i32, "cu_chunks": i32}, {"BT": BT, "BB": 128}, 4, 1,
-                    "chunk_offsets"))
-    return out
+    dt = aot_dtype(cc)
+    p, f32, i32 = f"*{dt}", "*fp32", "*i32"
+    return [
+        _aot(gdn_chunk_wy_kernel, {"k": p, "g": f32, "beta": f32, "x": p, "qsl": i32, "cu_chunks": i32},
+             dict(K=128, BK=128, USE_L2NORM=True, DOT=c.wy_dot), c.wy_warps, 1, f"chunk_wy_{dt}"),
+        _aot(gdn_chunk_scan_kernel, {"q": p, "k": p, "v": p, "x": p, "g": f32, "beta": f32, "o": p, "ssm": f32,
+                                     "qsl": i32, "cu_chunks": i32, "state_slots": i32, "has_init": "*i1"},
+             dict(AOT_DIMS, BV=c.scan_bv), c.scan_warps, c.scan_stages, f"chunk_scan_{dt}"),
+        _aot(gdn_chunk_offsets_kernel, {"qsl": i32, "cu_chunks": i32}, {"BT": BT, "BB": 128}, 4, 1, "chunk_offsets"),
+    ]

@@ -10,7 +10,7 @@ import triton.language as tl
 
 from .aot import AotConfig
 from .arch import arch_from_cc
-from .gated_delta_rule import _TABLE, GDNTable, _aot, _check, _device_table, _pad, _rows
+from .gated_delta_rule import AOT_DIMS, _TABLE, GDNTable, _aot, _check, _device_table, _pad, _rows, aot_dtype
 
 
 # ---------------------------------------------------------------- gating
@@ -144,18 +144,13 @@ TRITON_OPS = {
 
 def aot_configs(cc: int) -> list[AotConfig]:
     """The gating kernel and every recurrent launch of this architecture's table at the model's head
-    dims (dk = dv = 128), fp16 on sm_70 (no bf16) and bf16 from sm_80 on."""
+    dims (dk = dv = 128), in the activation dtype the architecture serves."""
     c = _TABLE[arch_from_cc(cc)]
-    out = []
-    for dt in (["fp16"] if cc < 80 else ["bf16"]):
-        p, f32, i32 = f"*{dt}", "*fp32", "*i32"
-        dims = {"K": 128, "V": 128, "BK": 128, "USE_L2NORM": True}
-        out += [
-            _aot(gdn_gating_kernel, {"A_log": f32, "a": p, "dt_bias": f32, "b": p, "g": f32, "beta": f32},
-                 {"BT": 32, "BH": 64}, 4, 1, f"gating_{dt}"),
-        ]
-        ptrs = {"q": p, "k": p, "v": p, "g": f32, "beta": f32, "o": p, "ssm": f32, "qsl": i32,
-                "state_slots": i32, "has_init": "*i1", "inter": i32}
-        out += [_aot(gdn_recurrent_kernel, ptrs, dict(dims, BV=c.rec_bv, HAS_INTER=inter), c.rec_warps, 1,
-                     f"recurrent{'_inter' if inter else ''}_{dt}") for inter in (False, True)]
-    return out
+    dt = aot_dtype(cc)
+    p, f32, i32 = f"*{dt}", "*fp32", "*i32"
+    ptrs = {"q": p, "k": p, "v": p, "g": f32, "beta": f32, "o": p, "ssm": f32, "qsl": i32,
+            "state_slots": i32, "has_init": "*i1", "inter": i32}
+    return [_aot(gdn_gating_kernel, {"A_log": f32, "a": p, "dt_bias": f32, "b": p, "g": f32, "beta": f32},
+                 {"BT": 32, "BH": 64}, 4, 1, f"gating_{dt}")] + [
+        _aot(gdn_recurrent_kernel, ptrs, dict(AOT_DIMS, BV=c.rec_bv, HAS_INTER=inter), c.rec_warps, 1,
+             f"recurrent{'_inter' if inter else ''}_{dt}") for inter in (False, True)]
