@@ -6,9 +6,14 @@ device to that row, so that all modules agree on the boundaries.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 INTERPRETER_SMS = 4     # a small chip, so that CPU tests still split K
+# Triton's interpreter runs this process's kernels (read once: set before Triton is imported). It cannot
+# run inline PTX and stores bf16 as raw bits, so kernels take other paths there.
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def arch_from_cc(cc: int) -> int:
@@ -40,4 +45,4 @@ def device_key(device) -> tuple[str, int]:
     return arch_key(props.major * 10 + props.minor), props.multi_processor_count
 
 
-__all__ = ["arch_from_cc", "arch_of", "arch_key", "device_key", "INTERPRETER_SMS"]
+__all__ = ["arch_from_cc", "arch_of", "arch_key", "device_key", "INTERPRETER_SMS", "INTERPRET"]

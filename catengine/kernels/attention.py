@@ -23,8 +23,6 @@ is fp32 with the dot operands in q's dtype; the optional sigmoid gate is applied
 from __future__ import annotations
 
 import dataclasses
-import functools
-import os
 
 import torch
 import triton
@@ -32,13 +30,12 @@ import triton.language as tl
 
 from ..errors import ConfigError
 from .aot import AotConfig
-from .arch import arch_from_cc, arch_of
+from .arch import INTERPRET, arch_from_cc, arch_of, device_key
 from .attention_decode import _e5m2_pair, _kv_tile, _split_reduce_kernel
 from .attention_launch import DECODE, DECODE_E5M2, PREFILL, AttnLaunch, decode_warps, num_decode_splits, table_launch
 
 DECODE_MAX_QUERY = 8          # up to this many new tokens per sequence use the split-KV decode launch
 _LOG2E = 1.4426950408889634
-_INTERPRETER_SMS = 4          # CPU (interpreter) stand-in for the SM count: small splits in tests
 REDUCE_BLOCK_S, REDUCE_BLOCK_D = 64, 64   # splits per round trip, output dims per program
 BLOCK_SIZE = 16               # the engine's default KV block size (EngineConfig.block_size), built ahead of time
 
@@ -176,12 +173,7 @@ def _paged_attn_kernel(q, k_cache, v_cache, out, gate, part_o, part_ml, block_ta
 
 def _inline_ptx(device: torch.device) -> bool:
     """Inline PTX runs only in compiled kernels on NVIDIA GPUs (not in the interpreter, not on ROCm)."""
-    return device.type == "cuda" and torch.version.hip is None and os.environ.get("TRITON_INTERPRET") != "1"
-
-
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+    return device.type == "cuda" and torch.version.hip is None and not INTERPRET
 
 
 def _check(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, gate):
@@ -236,7 +228,7 @@ def _paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_lo
         num_warps = decode_warps(cfg, block_m)
         tok, num_qt = max_query_len, 1
         if num_splits is None:
-            sms = _sm_count(q.device.index or 0) if q.is_cuda else _INTERPRETER_SMS
+            sms = device_key(q.device)[1]
             num_splits = num_decode_splits(b, nkv, max_seq_len, cfg, sms)
     else:
         block_m = max(cfg.block_m, triton.next_power_of_2(g))

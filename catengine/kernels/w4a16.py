@@ -25,7 +25,6 @@ timed on a GPU (a decode step of the 35B-A3B launched ~4 reduces per layer, 5 us
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -34,7 +33,7 @@ import triton.language as tl
 
 from ..errors import ConfigError
 from .aot import AotConfig
-from .arch import arch_key, device_key
+from .arch import INTERPRET, arch_key, device_key
 from .packing import QuantizedWeight
 from .w4a16_gemv import _w4a16_gemv_kernel
 
@@ -187,8 +186,6 @@ class ArchTable:
 
 
 MAX_SPLIT_K = 32
-# the interpreter's bf16 is raw bits (see dequant_tile); read once, it is a property of the process
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 REDUCE_BLOCK = 1024
 
 # The GEMV row: 64 columns x 512 inputs per tile, no prefetch, no pipelining, split toward 16 waves
