@@ -46,12 +46,6 @@ def _launch(device, op: str) -> RowLaunch:
     return TABLE[arch_of(device)][op]
 
 
-def _rms_launch(tab: dict, residual: bool) -> RowLaunch:
-    """An arch's rms_norm launch; with the residual add its optional "rms_norm_res" row (twice the bytes
-    per row, so its best launch may differ)."""
-    return tab.get("rms_norm_res", tab["rms_norm"]) if residual else tab["rms_norm"]
-
-
 @triton.jit
 def _rms_norm_kernel(x, residual, weight, y, s_out, T, H, eps, stride_x, stride_r, stride_y, stride_s,
                      BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, HAS_RES: tl.constexpr):
@@ -93,7 +87,7 @@ def _rms_norm(x, weight, eps: float, residual=None, cfg: RowLaunch | None = None
     s = torch.empty_like(y) if residual is not None else y
     r = residual if residual is not None else x
     if t:
-        cfg = cfg or _rms_launch(TABLE[arch_of(x.device)], residual is not None)
+        cfg = cfg or _launch(x.device, "rms_norm")
         _rms_norm_kernel[(triton.cdiv(t, cfg.block_r),)](
             x, r, weight, y, s, t, h, eps, x.stride(0), r.stride(0), y.stride(0), s.stride(0),
             BLOCK_R=cfg.block_r, BLOCK_H=triton.next_power_of_2(h), HAS_RES=residual is not None,
@@ -262,7 +256,7 @@ def aot_configs(cc: int) -> list[AotConfig]:
             sig = {"x": f"*{a}", "residual": f"*{a}", "weight": f"*{a}", "y": f"*{a}", "s_out": f"*{a}",
                    "T": "i32", "H": "i32", "eps": "fp32", "stride_x": "i32", "stride_r": "i32", "stride_y": "i32",
                    "stride_s": "i32", "BLOCK_R": "constexpr", "BLOCK_H": "constexpr", "HAS_RES": "constexpr"}
-            c = _rms_launch(tab, res)
+            c = tab["rms_norm"]
             out.append(AotConfig("_rms_norm_kernel", sig, dict(BLOCK_R=c.block_r, BLOCK_H=block_h, HAS_RES=res),
                                  c.num_warps, 1, f"rms_norm {block_h} res {res}"))
     g = tab["gated"]
