@@ -50,7 +50,7 @@ def moe_route(router_logits, top_k: int, renormalize: bool = True):
     if t:
         logits = router_logits if router_logits.stride(-1) == 1 else router_logits.contiguous()
         # a token per one-warp program, so the top_k row reductions need no shared memory or barriers:
-        # 3.4 us a call for one token on the H200 (bench_gemm.py, 16 calls in one CUDA graph; a graph of
+        # 3.4 us a call for one token on the H200 (bench_moe.py, 16 calls in one CUDA graph; a graph of
         # a single call measured 17.6 us, the graph launch included)
         bt = 1
         _route_kernel[(triton.cdiv(t, bt),)](logits, w, ids, t, e, logits.stride(0), TOPK=top_k, BT=bt,
