@@ -250,6 +250,15 @@ def _check(q, k, v, g, beta, ssm_states, chunk_size=BT):
         raise ValueError(f"the Triton chunked gated delta rule uses chunk_size={BT}; got {chunk_size}")
 
 
+def _prepare(q, k, v, g, beta, ssm_states, qsl, chunk_size=BT):
+    """Checked inputs with unit stride in their last dim, the empty output [T, Hv, dv] and the number of
+    sequences; shared by the chunked and the recurrent forms."""
+    _check(q, k, v, g, beta, ssm_states, chunk_size)
+    q, k, v, g, beta = (_rows(x) for x in (q, k, v, g, beta))
+    o = torch.empty((q.shape[0],) + tuple(v.shape[1:]), dtype=v.dtype, device=v.device)
+    return q, k, v, g, beta, o, qsl.shape[0] - 1
+
+
 def _pad(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
@@ -269,12 +278,9 @@ def chunk_steps(q, k, v, g, beta, ssm_states, qsl, state_slots, has_init, scale,
                 chunk_size=BT, table: GDNTable | None = None):
     """The output tensor and the launches that fill it, in order, as (name, callable) pairs: the
     benchmark times them one by one and tries other tables."""
-    _check(q, k, v, g, beta, ssm_states, chunk_size)
-    q, k, v, g, beta = (_rows(x) for x in (q, k, v, g, beta))
+    q, k, v, g, beta, o, nb = _prepare(q, k, v, g, beta, ssm_states, qsl, chunk_size)
     t, hk, dk = q.shape
     hv, dv = v.shape[1:]
-    nb = qsl.shape[0] - 1
-    o = torch.empty((t, hv, dv), dtype=v.dtype, device=v.device)
     if t == 0 or nb == 0:
         return o, []
     cfg = table or _device_table(v.device)

@@ -10,7 +10,7 @@ import triton.language as tl
 
 from .aot import AotConfig
 from .arch import arch_from_cc
-from .gated_delta_rule import AOT_DIMS, _TABLE, GDNTable, _aot, _check, _device_table, _pad, _rows, aot_dtype
+from .gated_delta_rule import AOT_DIMS, _TABLE, GDNTable, _aot, _device_table, _pad, _prepare, _rows, aot_dtype
 
 
 # ---------------------------------------------------------------- gating
@@ -115,12 +115,9 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, ssm_states, query_start_loc, st
 def _recurrent(q, k, v, g, beta, ssm_states, qsl, state_slots, has_init, scale, use_qk_l2norm, inter,
                table: GDNTable | None):
     """recurrent_gated_delta_rule with an explicit table (None: this device's); the benchmark tries others."""
-    _check(q, k, v, g, beta, ssm_states)
-    q, k, v, g, beta = (_rows(x) for x in (q, k, v, g, beta))
+    q, k, v, g, beta, o, nb = _prepare(q, k, v, g, beta, ssm_states, qsl)
     t, hk, dk = q.shape
     hv, dv = v.shape[1:]
-    nb = qsl.shape[0] - 1
-    o = torch.empty((t, hv, dv), dtype=v.dtype, device=v.device)
     if t == 0 or nb == 0:
         return o
     cfg = table or _device_table(v.device)
