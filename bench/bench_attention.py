@@ -6,8 +6,9 @@
 Decode: batch 1/8/32/64 x context 1K/8K/32K/128K, fp16 and fp8-e5m2 KV: time per call and KV bytes
 read over time as a fraction of the copy bandwidth measured in this process (combos above ~40 GB
 of KV are skipped). Block tables are random permutations of one large pool, and each timing replays
-a CUDA graph of back-to-back calls that rotate over enough sequences to keep the KV out of the 50 MB
-L2. Prefill: one 8K prompt, one 32K prompt and 8 ragged ~4K prompts, causal TFLOP/s against torch
+a CUDA graph of at least 8 back-to-back calls (as a decode step replays attention among its other
+kernels) that rotate over enough sequences to keep the KV out of the 50 MB L2. Prefill: one 8K
+prompt, one 32K prompt and 8 ragged ~4K prompts, causal TFLOP/s against torch
 ``scaled_dot_product_attention`` (flash backend, causal, K/V expanded to 24 heads) on the same data.
 Small ops: bytes moved over time against the copy bandwidth. ``--sweep`` first times alternative
 decode, qk_norm_rope and rms_norm launches (how the sm_90 table rows were chosen; the prefill rows came from
@@ -39,6 +40,7 @@ TOKEN_BYTES = {torch.float16: NKV * D * 2 * 2, torch.uint8: NKV * D * 2}   # K +
 BATCHES, CONTEXTS = (1, 8, 32, 64), (1024, 8192, 32768, 131072)
 KV_LIMIT = 40e9
 ROTATE_BYTES = 200e6
+MIN_CALLS = 8
 PREFILL_CASES = {"1 x 8K": [8192], "1 x 32K": [32768], "8 x ~4K ragged": [3584, 4608, 3840, 4352, 4096, 3968,
                                                                            4224, 4096]}
 # per KV dtype: the sm_90 table row first; num_stages 5 double-buffers the K/V tiles behind the
@@ -73,7 +75,10 @@ def make_pool(kv_dtype, blocks: int):
 def decode_calls(pool, batch: int, ctx: int, cfg=None, seed=0):
     """Closures for ``reps`` decode calls, each over its own random block tables of the pool."""
     nblk = ctx // BS
-    reps = max(1, min(32, int(ROTATE_BYTES // (batch * ctx * TOKEN_BYTES[pool[0].dtype]) + 1)))
+    # at least MIN_CALLS calls per graph: a graph replay costs several us of its own, which a decode step
+    # shares among hundreds of kernels. With one call per graph, 8 x 8K fp16 timed 82 us where ncu put
+    # its two kernels at 62.8 + 4.6 us; rotation alone gives one call to every shape over 200 MB
+    reps = max(MIN_CALLS, min(32, int(ROTATE_BYTES // (batch * ctx * TOKEN_BYTES[pool[0].dtype]) + 1)))
     gen = torch.Generator(device="cuda").manual_seed(seed)
     seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
     qsl = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
