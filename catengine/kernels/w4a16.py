@@ -193,7 +193,9 @@ REDUCE_BLOCK = 1024
 # of a tile reduces in-kernel: 91.7 against 95.3 us summed over the four 27B shapes at M = 1
 # (bench_gemm.py --gemv-m1), and one launch fewer per linear. sm_70 has no
 # cp.async, so its GEMM stages stay at 1-2, and its shared memory (96 KB) bounds the tiles. The sm_90
-# choices come from bench/bench_gemm.py --sweep on an H200.
+# choices come from bench/bench_gemm.py --sweep on an H200, but for the M <= 32 row (a decode step of 17-32
+# sequences), which that sweep never timed: BM 32 with split toward 8 waves took the four 27B shapes at
+# M = 32 from 243 to 191 us in total (gate_up 112 -> 85 us) against BM 64, BM 16 and BN 128 tiles.
 TABLES = {
     "sm70": ArchTable(1, GemvConfig(64, 512, 4, 1, 16, prefetch=False), (
         (16, GemmConfig(16, 64, 64, 4, 1, waves=4)),
@@ -208,6 +210,7 @@ TABLES = {
     )),
     "sm90": ArchTable(2, GemvConfig(64, 512, 4, 1, 16, prefetch=False, fused_reduce=True), (
         (16, GemmConfig(16, 64, 128, 4, 3, waves=8)),
+        (32, GemmConfig(32, 64, 128, 4, 3, waves=8)),
         (64, GemmConfig(64, 64, 128, 4, 3, waves=4)),
         (256, GemmConfig(128, 128, 64, 8, 3)),
         (1 << 30, GemmConfig(256, 128, 64, 8, 4)),

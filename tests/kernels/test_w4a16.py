@@ -67,6 +67,7 @@ def test_gemv(group, symmetric, dtype, bias):
 @pytest.mark.parametrize("m,group,symmetric,dtype", [
     (5, 32, False, torch.float16),       # BM = 16 tile, split K
     (5, 128, True, torch.bfloat16),
+    (24, 128, False, torch.float16),     # BM = 32 tile, split K
     (37, 64, False, torch.bfloat16),     # BM = 64 tile, split K
     (100, 32, True, torch.float16),      # BM = 128 tile, no split, two M tiles' worth of rows masked
 ])
@@ -180,7 +181,7 @@ QWEN27B = [(5120, 14336), (6144, 5120), (5120, 34816), (17408, 5120)]   # qkv-is
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("k,n", QWEN27B)
-@pytest.mark.parametrize("m", [1, 7, 16, 64, 300, 2048])
+@pytest.mark.parametrize("m", [1, 7, 16, 24, 32, 64, 300, 2048])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_gpu_qwen27b(k, n, m, dtype):
     check(m, k, n, 128, dtype, device="cuda", seed=m)
