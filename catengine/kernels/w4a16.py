@@ -193,9 +193,10 @@ REDUCE_BLOCK = 1024
 # of a tile reduces in-kernel: 91.7 against 95.3 us summed over the four 27B shapes at M = 1
 # (bench_gemm.py --gemv-m1), and one launch fewer per linear. sm_70 has no
 # cp.async, so its GEMM stages stay at 1-2, and its shared memory (96 KB) bounds the tiles. The sm_90
-# choices come from bench/bench_gemm.py --sweep on an H200, but for the M <= 32 row (a decode step of 17-32
-# sequences), which that sweep never timed: BM 32 with split toward 8 waves took the four 27B shapes at
-# M = 32 from 243 to 191 us in total (gate_up 112 -> 85 us) against BM 64, BM 16 and BN 128 tiles.
+# choices come from bench/bench_gemm.py --sweep on an H200. The M <= 32 row (a decode step of 17-32
+# sequences) was timed after that sweep, by hand, against the candidates its M = 32 bucket now lists: BM 32
+# with split toward 8 waves beat BM 64, BM 16, BN 128 and 4 stages at M = 24 and 32 (lost at 48), and the
+# four 27B shapes at M = 32 went from 243 to 198 us in bench_gemm.py's table (gate_up 112 -> 89 us).
 TABLES = {
     "sm70": ArchTable(1, GemvConfig(64, 512, 4, 1, 16, prefetch=False), (
         (16, GemmConfig(16, 64, 64, 4, 1, waves=4)),
