@@ -37,13 +37,14 @@ class ConvTable:
     update: ConvLaunch   # causal_conv1d_update_kernel
 
 
-# Memory-bound: 16 elements per thread keep registers near 80 (ptxas, sm_90); 32 needed ~150 and
-# spilled. sm_90 prefill: the H200 sweep (bench_gdn.py --sweep) timed (8, 256, 4 warps) at 0.60 ms
-# on 8 x 4K against 0.69 for (16, 256, 8); sm_80 follows it unmeasured. sm_70: no cp.async, 1 stage.
+# Memory-bound. sm_90 prefill from the H200 sweep (bench_gdn.py --sweep, 8 x 4K ragged, after the x
+# loads moved ahead of the sequence search): (32, 128, 4 warps) 0.507 ms, (16, 256, 4) 0.517, (8, 256, 4)
+# 0.531, (16, 256, 8) 0.586; ptxas: 100 registers, no spills. sm_80 follows it unmeasured. sm_70: no
+# cp.async, 1 stage, smaller tiles.
 _TABLE = {
     70: ConvTable(ConvLaunch(16, 128, 4, 1), ConvLaunch(1, 256, 2, 1), ConvLaunch(1, 256, 2, 1)),
-    80: ConvTable(ConvLaunch(8, 256, 4, 2), ConvLaunch(1, 256, 2, 1), ConvLaunch(1, 512, 4, 1)),
-    90: ConvTable(ConvLaunch(8, 256, 4, 2), ConvLaunch(1, 512, 4, 1), ConvLaunch(1, 512, 4, 1)),
+    80: ConvTable(ConvLaunch(32, 128, 4, 2), ConvLaunch(1, 256, 2, 1), ConvLaunch(1, 512, 4, 1)),
+    90: ConvTable(ConvLaunch(32, 128, 4, 2), ConvLaunch(1, 512, 4, 1), ConvLaunch(1, 512, 4, 1)),
 }
 
 
@@ -62,6 +63,17 @@ def causal_conv1d_fwd_kernel(x, w, conv_states, qsl, state_slots, has_init, out,
     o_c = i_c * BC + tl.arange(0, BC)
     m_t = o_t < T
     m_c = o_c < C
+    # The conv as if no sequence started in the tile, issued before the search: its loads do not depend
+    # on it (ptxas keeps loads below the search loop waiting for it, so they come first).
+    acc = tl.zeros([BT, BC], dtype=tl.float32)
+    for j in tl.static_range(KC):
+        o_src = o_t - (KC - 1) + j
+        # [BT, BC]
+        b_x = tl.load(x + o_src.to(tl.int64)[:, None] * stride_x_t + o_c[None, :],
+                      mask=(m_t & (o_src >= 0))[:, None] & m_c[None, :], other=0.)
+        # [BC]
+        b_w = tl.load(w + o_c * stride_w_c + j, mask=m_c, other=0.).to(tl.float32)
+        acc += b_x.to(tl.float32) * b_w[None, :]
     # sequence of each token: the largest b with qsl[b] <= t (qsl[0] = 0 keeps lo valid)
     lo = tl.zeros([BT], dtype=tl.int32)
     hi = lo + B
@@ -74,22 +86,21 @@ def causal_conv1d_fwd_kernel(x, w, conv_states, qsl, state_slots, has_init, out,
         hi = tl.where(ok, hi, mid)
     # [BT]
     b_bos = tl.load(qsl + lo)
-    b_slot = tl.load(state_slots + lo).to(tl.int64)
-    b_has = tl.load(has_init + lo) != 0
-
-    acc = tl.zeros([BT, BC], dtype=tl.float32)
-    for j in tl.static_range(KC):
-        o_src = o_t - (KC - 1) + j
-        # one load per tap: rows before the sequence start come from its state slot (row KC-1+src-bos)
-        in_x = o_src >= b_bos
-        p_row = tl.where(in_x, x + o_src.to(tl.int64) * stride_x_t,
-                         conv_states + b_slot * stride_s_slot + (KC - 1 + o_src - b_bos) * C)
-        m_row = m_t & (in_x | b_has)
-        # [BT, BC]
-        b_x = tl.load(p_row[:, None] + o_c[None, :], mask=m_row[:, None] & m_c[None, :], other=0.)
-        # [BC]
-        b_w = tl.load(w + o_c * stride_w_c + j, mask=m_c, other=0.).to(tl.float32)
-        acc += b_x.to(tl.float32) * b_w[None, :]
+    if tl.min(tl.where(m_t, o_t - b_bos, KC), 0) < KC - 1:
+        # a tile holding one of a sequence's first KC-1 tokens: again, rows before the sequence start
+        # from its state slot (row KC-1+src-bos), or zeros without an initial state
+        b_slot = tl.load(state_slots + lo).to(tl.int64)
+        b_has = tl.load(has_init + lo) != 0
+        acc = tl.zeros([BT, BC], dtype=tl.float32)
+        for j in tl.static_range(KC):
+            o_src = o_t - (KC - 1) + j
+            in_x = o_src >= b_bos
+            p_row = tl.where(in_x, x + o_src.to(tl.int64) * stride_x_t,
+                             conv_states + b_slot * stride_s_slot + (KC - 1 + o_src - b_bos) * C)
+            m_row = m_t & (in_x | b_has)
+            b_x = tl.load(p_row[:, None] + o_c[None, :], mask=m_row[:, None] & m_c[None, :], other=0.)
+            b_w = tl.load(w + o_c * stride_w_c + j, mask=m_c, other=0.).to(tl.float32)
+            acc += b_x.to(tl.float32) * b_w[None, :]
     if SILU:
         acc = acc * tl.sigmoid(acc)
     p_o = out + o_t.to(tl.int64)[:, None] * stride_o_t + o_c[None, :]

@@ -44,7 +44,11 @@ def gdn_recurrent_kernel(q, k, v, g, beta, o, ssm, qsl, state_slots, has_init, i
                          stride_beta_t, stride_o_t, stride_o_h, stride_ssm_slot, stride_inter_b,
                          K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                          USE_L2NORM: tl.constexpr, HAS_INTER: tl.constexpr):
-    i_bh, i_v = tl.program_id(0), tl.program_id(1)
+    # the V blocks of one head are neighbours in launch order, so together they read whole 512-byte state
+    # rows (H200, 27B shape: batch 64 0.72 -> 0.84 of copy bandwidth, 256 0.74 -> 0.89, against all
+    # heads' first halves, then all second halves)
+    NV: tl.constexpr = (V + BV - 1) // BV
+    i_bh, i_v = tl.program_id(0) // NV, tl.program_id(0) % NV
     i_b, i_h = i_bh // HV, i_bh % HV
     i_hk = i_h // R
     bos, eos = tl.load(qsl + i_b), tl.load(qsl + i_b + 1)
@@ -124,7 +128,7 @@ def _recurrent(q, k, v, g, beta, ssm_states, qsl, state_slots, has_init, scale, 
     bk, bv = _pad(dk), min(cfg.rec_bv, _pad(dv))
     has_inter = inter is not None
     inter_arg = inter if has_inter else state_slots
-    gdn_recurrent_kernel[(nb * hv, triton.cdiv(dv, bv))](
+    gdn_recurrent_kernel[(nb * hv * triton.cdiv(dv, bv),)](
         q, k, v, g, beta, o, ssm_states, qsl, state_slots, has_init, inter_arg, hv, hv // hk, float(scale),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
         o.stride(0), o.stride(1), ssm_states.stride(0), inter.stride(0) if has_inter else 0,
