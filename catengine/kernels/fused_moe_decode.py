@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from .aot import AotConfig
-from .w4a16 import INTERPRET, GemvConfig, gemv_tile_rows, pick_split, split_counters
+from .w4a16 import INTERPRET, GemvConfig, gemv_thread_rows, gemv_tile_rows, pick_split, split_counters
 from .w4a16_gemv import _gemv_rows, _gemv_tile, _last_split_reduces
 
 
@@ -66,8 +66,8 @@ def _moe_up_decode_kernel(x_ptr, w_ptr, s_ptr, z_ptr, id_ptr, h_ptr, part_ptr, c
     n_kb = H // (8 * R)
     kb_per = tl.cdiv(n_kb, n_split)
     kb_end = tl.minimum(kb_per * i_s + kb_per, n_kb)
-    acc_g = tl.zeros([BN, SR, R // SR], tl.float32)
-    acc_u = tl.zeros([BN, SR, R // SR], tl.float32)
+    acc_g = tl.zeros([BN, R // SR, 1], tl.float32)
+    acc_u = tl.zeros([BN, R // SR, 1], tl.float32)
     for kb in range(kb_per * i_s, kb_end):
         # both tiles' loads are issued before either's math
         g_q, g_a, g_b, g_c = _gemv_tile(p_w, p_s, p_z, kb * 8 * R, o_n, m_n, 2 * I, G, R, SR, F16X2, ASM)
@@ -118,7 +118,7 @@ def _moe_down_decode_kernel(h_ptr, w_ptr, s_ptr, z_ptr, id_ptr, tw_ptr, y_ptr, p
     n_kb = TOPK * n_ib
     kb_per = tl.cdiv(n_kb, n_split)
     kb_end = tl.minimum(kb_per * i_s + kb_per, n_kb)
-    acc = tl.zeros([BN, SR, R // SR], tl.float32)
+    acc = tl.zeros([BN, R // SR, 1], tl.float32)
     for kb in range(kb_per * i_s, kb_end):
         j = kb // n_ib
         k0 = (kb % n_ib) * 8 * R
@@ -171,6 +171,7 @@ def moe_decode(x, w13, w2, tw, ids, up: GemvConfig, down: GemvConfig, sms: int, 
     out = torch.empty((t, hid), dtype=x.dtype, device=dev)
 
     r, sr = gemv_tile_rows(up.BK, hid, w13.group_size)
+    sr = gemv_thread_rows(r, sr, up.BN, up.num_warps)
     n_tiles = triton.cdiv(inter, up.BN)
     split = pick_split(n_tiles * tk, hid // (8 * r), up.waves, sms)
     part = torch.empty((split, tk, 2 * inter), dtype=torch.float32, device=dev) if split > 1 else h
@@ -181,6 +182,7 @@ def moe_decode(x, w13, w2, tw, ids, up: GemvConfig, down: GemvConfig, sms: int, 
         PDL=pdl, num_warps=up.num_warps, num_stages=1, **({"launch_pdl": True} if pdl == 2 else {}))
 
     r, sr = gemv_tile_rows(down.BK, inter, w2.group_size)
+    sr = gemv_thread_rows(r, sr, down.BN, down.num_warps)
     n_tiles = triton.cdiv(hid, down.BN)
     split = pick_split(n_tiles * t, top_k * inter // (8 * r), down.waves, sms)
     part = torch.empty((split, t, hid), dtype=torch.float32, device=dev) if split > 1 else out
@@ -210,6 +212,7 @@ def decode_aot_configs(cc: int, up: GemvConfig, down: GemvConfig, pdl: int = 0) 
         for kernel, args, c, k in (("_moe_up_decode_kernel", _UP_ARGS, up, 2048),
                                    ("_moe_down_decode_kernel", _DOWN_ARGS, down, 512)):
             r, sr = gemv_tile_rows(c.BK, k, 128)
+            sr = gemv_thread_rows(r, sr, c.BN, c.num_warps)
             for split in (False, True):
                 consts = dict(TOPK=8, G=128, BN=c.BN, R=r, SR=sr, SPLIT=split, F16X2=dt == "fp16", ASM=True,
                               PDL=pdl)

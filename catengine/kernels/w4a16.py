@@ -253,6 +253,18 @@ def gemv_tile_rows(bk: int, k: int, group: int) -> tuple[int, int]:
     return r, min(gr & -gr, r)
 
 
+def gemv_thread_rows(r: int, sr: int, bn: int, num_warps: int) -> int:
+    """The GEMV kernels' SR: rows of one scale block that one thread holds. Triton lays the tile
+    [BN, R // SR, SR] out with 4 columns per thread (16-byte loads), the remaining threads along the
+    blocks, and SR in registers; so each thread's rows share one scale and zero point (3 registers
+    per column instead of 3 per column and block) and the accumulator is summed over them in-thread
+    (one fp32 per block instead of one per int32). The 64 x 512 tile: 128 -> 64 registers and 28 -> 23
+    SASS instructions per int32 (Triton 3.6, sm_90); on the H200 the dense GEMV is no faster for it
+    (it was not occupancy-bound, bench/NOTES.md) and the MoE decode 1-token step is 12.8 -> 12.1 us."""
+    threads = 32 * num_warps
+    return max(1, min(sr, r * min(bn // 4, threads) // threads))
+
+
 def gemv_block_k(bk: int, k: int) -> int:
     """The GEMV reads each int32's own group, so its BK only has to divide K (K % 8 == 0)."""
     while k % bk:
@@ -300,6 +312,7 @@ def w4a16_linear(x, weight: QuantizedWeight, bias=None):
     if m <= table.gemv_max_m:
         c = table.gemv
         r, sr = gemv_tile_rows(c.BK, k, g)
+        sr = gemv_thread_rows(r, sr, c.BN, c.num_warps)
         # half2 math needs PTX (not the interpreter) and fp16; x is read as 8-byte words
         f16x2 = c.half2 and x.dtype == torch.float16 and not INTERPRET
         if f16x2 and (x2.stride(0) % 4 or x2.data_ptr() % 8):
@@ -362,6 +375,7 @@ def aot_configs(cc: int) -> list[AotConfig]:
         c = table.gemv
         for split, fused in ((1, False), (4, False), (4, True)):
             r, sr = gemv_tile_rows(c.BK, 5120, 128)
+            sr = gemv_thread_rows(r, sr, c.BN, c.num_warps)
             out.append(AotConfig("_w4a16_gemv_kernel", _signature(dt, _GEMV_ARGS, 15),
                                  dict(G=128, BN=c.BN, R=r, SR=sr, MR=1, SPLIT=split > 1, HAS_BIAS=split == 1,
                                       PREFETCH=c.prefetch, F16X2=c.half2 and dt == "fp16", ASM=True,

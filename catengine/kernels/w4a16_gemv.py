@@ -2,10 +2,11 @@
 and the fp32 weight math (``fma_tile``, ``gemv_tile_load``) that :mod:`catengine.kernels.fused_moe`'s
 row kernels share.
 
-The dense GEMV reads a tile of R packed rows x BN columns as [BN, SR, R // SR]: blocks of SR rows
-that lie in one quantisation group, so that each thread's rows share one scale and zero point,
-loaded and prepared once per (column, block) and broadcast (the canonical layout is kept,
-packing.py). Two weight maths:
+The dense GEMV reads a tile of R packed rows x BN columns as [BN, R // SR, SR]: blocks of SR rows
+that lie in one quantisation group and that one thread holds (``w4a16.gemv_thread_rows``), so that
+each thread's rows share one scale and zero point, loaded and prepared once per (column, block), and
+its accumulator is one fp32 per (column, block), summed over the rows in registers (the canonical
+layout is kept, packing.py). Two weight maths:
 
 - ``F16X2`` (fp16 activations on CUDA): packed half2 arithmetic in inline PTX, 2 weights per
   instruction. For t = 0, 1, ``(w >> 8t) & 0x000F000F | 0x54005400`` read as two fp16 is
@@ -128,7 +129,7 @@ def half2_consts(p_z, p_s, m):
     int32: bits 0x5400 + z and 0xC400 + 16z in both halves) and 16 * s in fp32; 0s where m is 0.
 
     A PTX load rather than tl.load: Triton gives each tl.load of >= 32 * num_warps elements a layout
-    of its own, and this small [BN, 1, R // SR] one would then reach b_q's layout through shared
+    of its own, and this small [BN, R // SR, 1] one would then reach b_q's layout through shared
     memory and barriers every tile; an elementwise op is recomputed in its users' layout instead."""
     return tl.inline_asm_elementwise(
         asm="""{
@@ -200,18 +201,18 @@ def half2_dot(d0, d1, d2, d3, x0, x1, x2, x3):
 @triton.jit
 def _gemv_tile(qw_ptr, s_ptr, z_ptr, k0, o_n, m_n, N, G: tl.constexpr, R: tl.constexpr, SR: tl.constexpr,
                F16X2: tl.constexpr, ASM: tl.constexpr):
-    """Packed rows k0/8 .. k0/8 + R of columns o_n as [BN, SR, R // SR] (row k0/8 + i * SR + r at
-    [:, r, i]), and per SR-row block (which lies in one group) [BN, 1, R // SR]: F16X2, the
-    three outputs of half2_consts; else zero, zero, scale (ASM: loaded by PTX, as fp32). The block index is the last axis, so that
-    Triton's default layout (columns, then the last axis, then the middle one) gives each thread
-    rows of one block, which share that block's constants. m_n: [BN] column mask."""
+    """Packed rows k0/8 .. k0/8 + R of columns o_n as [BN, R // SR, SR] (row k0/8 + i * SR + r at
+    [:, i, r]), and per SR-row block (which lies in one group) [BN, R // SR, 1]: F16X2, the
+    three outputs of half2_consts; else zero, zero, scale (ASM: loaded by PTX, as fp32). Triton's
+    layout for the load (4 columns per thread, then threads along the middle axis, the last in
+    registers) gives each thread SR rows of one block when SR is gemv_thread_rows. m_n: [BN] column mask."""
     o_s = tl.arange(0, R // SR)
     o_r = tl.arange(0, SR)
-    # [BN, SR, R // SR]; .cg: the weights are read once, so they skip L1 and leave it to x
-    p_q = qw_ptr + (k0 // 8 + o_s[None, None, :] * SR + o_r[None, :, None]) * N + o_n[:, None, None]
+    # [BN, R // SR, SR]; .cg: the weights are read once, so they skip L1 and leave it to x
+    p_q = qw_ptr + (k0 // 8 + o_s[None, :, None] * SR + o_r[None, None, :]) * N + o_n[:, None, None]
     b_q = tl.load(p_q, mask=m_n[:, None, None], other=0, cache_modifier=".cg")
-    o_g = ((k0 // 8 + o_s * SR) // (G // 8))[None, None, :] * N + o_n[:, None, None]
-    # [BN, 1, R // SR]
+    o_g = ((k0 // 8 + o_s * SR) // (G // 8))[None, :, None] * N + o_n[:, None, None]
+    # [BN, R // SR, 1]
     if F16X2 and ASM:
         b_a, b_b, b_c = half2_consts(z_ptr + o_g, s_ptr + o_g, m_n[:, None, None])
     elif ASM:
@@ -232,24 +233,26 @@ def _gemv_tile(qw_ptr, s_ptr, z_ptr, k0, o_n, m_n, N, G: tl.constexpr, R: tl.con
 
 @triton.jit
 def _half2_row(d0, d1, d2, d3, x_ptr, stride_xm, i_m, M, k0, R: tl.constexpr, SR: tl.constexpr):
-    """sum_j (q - z) / 16 * x_j per int32 of the tile, for activation row i_m: [BN, SR, R // SR]."""
-    o_k = k0 + 8 * (tl.arange(0, R // SR)[None, :] * SR + tl.arange(0, SR)[:, None])
+    """sum_j (q - z) / 16 * x_j over each block's SR int32, for activation row i_m: [BN, R // SR, 1]."""
+    o_k = k0 + 8 * (tl.arange(0, R // SR)[:, None] * SR + tl.arange(0, SR)[None, :])
     m_x = (o_k * 0 + i_m) < M
     p_x = x_ptr + i_m * stride_xm
     p_x = p_x.to(tl.pointer_type(tl.int64), bitcast=True) + o_k // 4
-    # [SR, R // SR] each: x[8r .. 8r+3] and x[8r+4 .. 8r+7]
+    # [R // SR, SR] each: x[8r .. 8r+3] and x[8r+4 .. 8r+7]
     x0, x1, x2, x3 = x_pairs(tl.load(p_x, mask=m_x, other=0), tl.load(p_x + 1, mask=m_x, other=0))
-    return half2_dot(d0, d1, d2, d3, x0[None, :, :], x1[None, :, :], x2[None, :, :], x3[None, :, :])
+    # summed over the block's rows, which one thread holds: [BN, R // SR, 1]
+    return tl.sum(half2_dot(d0, d1, d2, d3, x0[None, :, :], x1[None, :, :], x2[None, :, :], x3[None, :, :]),
+                  axis=2, keep_dims=True)
 
 
 @triton.jit
 def _fp32_row(acc, b_q, b_s, b_z, x_ptr, stride_xm, i_m, M, k0, nib, R: tl.constexpr, SR: tl.constexpr):
-    """acc [BN, SR, R // SR] += sum_j (q - z) * s * x_j (row i_m) with fma_tile's fp32 mantissa trick."""
+    """acc [BN, R // SR, 1] += sum_j (q - z) * s * x_j (row i_m) with fma_tile's fp32 mantissa trick."""
     b_h = b_q >> 16
-    o_k = k0 + 8 * (tl.arange(0, R // SR)[None, :] * SR + tl.arange(0, SR)[:, None])
+    o_k = k0 + 8 * (tl.arange(0, R // SR)[:, None] * SR + tl.arange(0, SR)[None, :])
     m_x = (o_k * 0 + i_m) < M
     p_x = x_ptr + i_m * stride_xm + o_k
-    # [SR, R // SR] each, x[8r + j]
+    # [R // SR, SR] each, x[8r + j]
     x0 = tl.load(p_x, mask=m_x, other=0).to(tl.float32)
     x1 = tl.load(p_x + 1, mask=m_x, other=0).to(tl.float32)
     x2 = tl.load(p_x + 2, mask=m_x, other=0).to(tl.float32)
@@ -267,7 +270,7 @@ def _fp32_row(acc, b_q, b_s, b_z, x_ptr, stride_xm, i_m, M, k0, nib, R: tl.const
     part += (((b_h & (nib << 8)) | 0x47000000).to(tl.float32, bitcast=True) - 32768.0) * x6[None, :, :]
     part += (((b_h & (nib << 12)) | 0x45000000).to(tl.float32, bitcast=True) - 2048.0) * x7[None, :, :]
     b_xs = ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7))
-    return acc + (part - b_z.to(tl.float32) * b_xs[None, :, :]) * b_s.to(tl.float32)
+    return acc + tl.sum(part - b_z.to(tl.float32) * b_xs[None, :, :], axis=2, keep_dims=True) * b_s.to(tl.float32)
 
 
 @triton.jit
@@ -348,10 +351,10 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_ptr, M
     kb_per = tl.cdiv(n_kb, n_split)
     kb_beg = kb_per * i_s
     kb_end = tl.minimum(kb_beg + kb_per, n_kb)
-    acc0 = tl.zeros([BN, SR, R // SR], tl.float32)
-    acc1 = tl.zeros([BN, SR, R // SR], tl.float32)
-    acc2 = tl.zeros([BN, SR, R // SR], tl.float32)
-    acc3 = tl.zeros([BN, SR, R // SR], tl.float32)
+    acc0 = tl.zeros([BN, R // SR, 1], tl.float32)
+    acc1 = tl.zeros([BN, R // SR, 1], tl.float32)
+    acc2 = tl.zeros([BN, R // SR, 1], tl.float32)
+    acc3 = tl.zeros([BN, R // SR, 1], tl.float32)
     if PREFETCH:
         # the next tile's loads go out before this tile's math (masked off past the range)
         b_q, b_a, b_b, b_c = _gemv_tile(qw_ptr, s_ptr, z_ptr, kb_beg * 8 * R, o_n, m_n, N, G, R, SR, F16X2, ASM)

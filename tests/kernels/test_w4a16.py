@@ -175,6 +175,16 @@ def test_gemv_tile_rows():
         w4a16.gemv_tile_rows(512, 5120, 20)
 
 
+def test_gemv_thread_rows():
+    """Each thread's rows lie in one scale block: 64 columns x 64 int32 rows over 4 warps is 16 threads
+    of 4 columns and 8 threads along the rows, 8 rows each; never more than the block, at least 1."""
+    assert w4a16.gemv_thread_rows(64, 16, 64, 4) == 8
+    assert w4a16.gemv_thread_rows(64, 4, 64, 4) == 4        # group 32: the block bounds it
+    assert w4a16.gemv_thread_rows(128, 16, 64, 4) == 16
+    assert w4a16.gemv_thread_rows(64, 16, 32, 4) == 4
+    assert w4a16.gemv_thread_rows(4, 4, 64, 4) == 1
+
+
 # ---------------------------------------------------------------- GPU, real shapes
 QWEN27B = [(5120, 14336), (6144, 5120), (5120, 34816), (17408, 5120)]   # qkv-ish, o_proj, gate_up, down
 
