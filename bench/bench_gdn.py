@@ -2,7 +2,10 @@
 
 - Prefill (chunked rule): ours against flash-linear-attention's ``chunk_gated_delta_rule`` on the same
   inputs (GVA, varlen cu_seqlens, initial and final states, q/k l2norm in kernel) and against the
-  FLOP count of the chunked algorithm, as a fraction of the measured bf16 matmul rate.
+  FLOP count of the chunked algorithm, as a fraction of the measured bf16 matmul rate; the table's
+  prefill form and the other one (GDNTable.prefill: "split" or "scan") side by side.
+  ``--only sweep-prefill [--sweep S]`` times the prefill candidates alone (both forms, each checked
+  against the table's output) for S seconds (default 120).
 - Decode (recurrent rule, one token per sequence): state bytes read + written over time, as a
   fraction of the measured device-to-device copy bandwidth. Timed as CUDA-graph replays (as the
   engine runs decode) over rotating state slots, so neither launch overhead nor L2 hits count.
@@ -10,7 +13,7 @@
 ``--sweep`` also times other launch tables end to end (to choose the per-architecture table; never
 at serve time), and ``--profile`` prints per-kernel times of ours and fla at 1 x 64K.
 
-Usage: python bench/bench_gdn.py [--sweep] [--no-fla]
+Usage: python bench/bench_gdn.py [--only prefill|decode|conv|sweep|sweep-prefill] [--sweep S] [--no-fla]
 """
 from __future__ import annotations
 
@@ -87,10 +90,15 @@ def bench_prefill(use_fla: bool):
         h0 = ssm[slots.long()].clone()
         o = gdr.chunk_gated_delta_rule(q, k, v, g, beta, ssm, qsl, slots, has, scale)
         ours = bench_ms(lambda: gdr.chunk_gated_delta_rule(q, k, v, g, beta, ssm, qsl, slots, has, scale))
-        # the two kernels timed alone (the table may overlap them on two streams for this case)
-        alone = dataclasses.replace(gdr._device_table(q.device), overlap_max_programs=0)
+        # the kernels timed alone (the table may overlap them on streams for this case), and the
+        # other prefill form (split / scan) whole
+        table = gdr._device_table(q.device)
+        alone = dataclasses.replace(table, overlap_max_programs=0, scan_overlap_max_programs=0)
         _, steps = gdr.chunk_steps(q, k, v, g, beta, ssm, qsl, slots, has, scale, table=alone)
-        parts = {n: bench_ms(f) for n, f in steps}
+        parts = " / ".join(f"{n} {bench_ms(f):.3f}" for n, f in steps if n != "offsets")
+        other = dataclasses.replace(table, prefill="scan" if table.prefill == "split" else "split")
+        other_ms = bench_ms(lambda: [f() for _, f in gdr.chunk_steps(q, k, v, g, beta, ssm, qsl, slots, has, scale,
+                                                                       table=other)[1]])
         fla_ms, diff = float("nan"), float("nan")
         if fla_chunk is not None:
             cu, cu_cpu = qsl.long(), qsl.long().cpu()
@@ -104,12 +112,13 @@ def bench_prefill(use_fla: bool):
             fla_ms = bench_ms(run_fla)
         tflops = chunk_flops(lens) / (ours * 1e-3) / 1e12
         rows.append([name, sum(lens), ours, fla_ms, fla_ms / ours, tflops, 100 * tflops / peak,
-                     parts["wy"], parts["scan"], diff])
-        print(f"  {name}: ours {ours:.3f} ms, fla {fla_ms:.3f} ms", flush=True)
+                     other_ms, fla_ms / other_ms, parts, diff])
+        print(f"  {name}: ours ({table.prefill}) {ours:.3f} ms, {other.prefill} {other_ms:.3f} ms, "
+              f"fla {fla_ms:.3f} ms", flush=True)
         torch.cuda.empty_cache()
-    print_table("Prefill: chunked gated delta rule (bf16, fp32 states in slots)",
+    print_table(f"Prefill: chunked gated delta rule (bf16, fp32 states in slots; table: {table.prefill})",
                 ["case", "tokens", "ours ms", "fla ms", "fla/ours", "TFLOP/s", "% matmul peak",
-                 "wy ms (alone)", "scan ms (alone)", "rel diff vs fla"], rows)
+                 f"{other.prefill} ms", f"fla/{other.prefill}", "kernels alone ms", "rel diff vs fla"], rows)
 
 
 
@@ -176,6 +185,70 @@ def bench_conv():
                 ["case", "us", "MiB moved", "GB/s", "% of copy"], rows)
 
 
+# prefill candidates for the sweep: GDNTable fields over this device's row, as (label, fields); the
+# first is the row itself, the second the other form, so that one run compares split and scan
+PREFILL_CANDIDATES = [
+    ("table", {}),
+    ("other form", "other"),
+    ("split, no windows", dict(prefill="split", overlap_max_programs=0)),
+    ("split, windows from 32 chunks", dict(prefill="split", overlap_min_chunks=32)),
+    ("split, h BV 32", dict(prefill="split", h_bv=32)),
+    ("split, h stages 2", dict(prefill="split", h_stages=2)),
+    ("split, o warps 8", dict(prefill="split", o_warps=8)),
+    ("split, h stages 2, o warps 8", dict(prefill="split", h_stages=2, o_warps=8)),
+    ("split, o BV 64", dict(prefill="split", o_bv=64)),
+    ("split, h stages 4", dict(prefill="split", h_stages=4)),
+    ("split, wy warps 8", dict(prefill="split", wy_warps=8)),
+    ("scan, no windows", dict(prefill="scan", scan_overlap_max_programs=0)),
+    ("scan, windows to 4096 programs", dict(prefill="scan", scan_overlap_max_programs=4096)),
+    ("scan, warps 4", dict(prefill="scan", scan_warps=4)),
+    ("scan, stages 3", dict(prefill="scan", scan_stages=3)),
+    ("scan, BV 32 warps 4", dict(prefill="scan", scan_bv=32, scan_warps=4)),
+]
+
+
+def sweep_prefill(t_end: float, timed=None):
+    """Every prefill candidate on each case (whole op), its output and final states checked against
+    the table's on the same inputs (a candidate is only a choice within the tests' bf16 bound, 2e-2).
+    ``timed(label, variant, fn)`` as in sweep(); without it (--only sweep-prefill) the rows go to a
+    table of their own."""
+    rows = []
+    if timed is None:
+        def timed(label, variant, fn):
+            rows.append([label, variant, bench_ms(fn, warmup_ms=10, rep_ms=50)])
+            print(f"  {label} {variant}: {rows[-1][2]:.4f} ms", flush=True)
+    base = gdr._device_table(torch.device("cuda"))
+    other = "scan" if base.prefill == "split" else "split"
+    for name in ("1 x 64K", "8 x 4K ragged", "1 x 8K"):
+        args = gdn_inputs(PREFILL[name])
+        ssm0 = args[5].clone()
+
+        def run(tab):
+            args[5].copy_(ssm0)
+            o, steps = gdr.chunk_steps(*args, DK ** -0.5, table=tab)
+            for _, launch in steps:
+                launch()
+            return o
+        want_o, want_s = run(base).clone(), args[5].clone()
+        for label, fields in PREFILL_CANDIDATES:
+            if time.time() > t_end:
+                break
+            tab = dataclasses.replace(base, **(dict(prefill=other) if fields == "other" else fields))
+            label = f"{label} ({tab.prefill})" if fields in ({}, "other") else label
+            try:
+                err = max(rel(run(tab), want_o), rel(args[5], want_s))
+            except Exception as e:  # a candidate that cannot build or launch is reported, not fatal
+                print(f"  prefill {name} {label}: failed {type(e).__name__}: {str(e)[:120]}", flush=True)
+                continue
+            timed(f"prefill {name}", f"{label} [diff {err:.1e}{'' if err < 2e-2 else ' WRONG'}]",
+                  lambda tab=tab: [launch() for _, launch in gdr.chunk_steps(*args, DK ** -0.5, table=tab)[1]])
+        del args
+        torch.cuda.empty_cache()
+    if rows:
+        print_table("Prefill sweep (whole op; diff: output and states against the table's)",
+                    ["case", "variant", "ms"], rows)
+
+
 def sweep(budget_s: float):
     """Other launch tables, end to end, around this device's table (coordinate sweep)."""
     t_end = time.time() + budget_s
@@ -190,38 +263,22 @@ def sweep(budget_s: float):
         rows.append([label, variant, ms])
         print(f"  {label} {variant}: {ms:.4f} ms", flush=True)
 
-    for b in (8, 256):
-        for bv, nw in ((64, 4), (32, 4), (64, 8), (128, 8)):
+    # ptxas (Triton 3.6, sm_90) registers per thread: 64/4 214, 32/4 122, 64/8 124, 32/8 64; 16-wide blocks
+    # (80 registers) were 1.4x slower at batch 64 and 256 on the H200
+    for b in (8, 64, 256):
+        for bv, nw in ((64, 4), (32, 4), (64, 8), (32, 8), (128, 8), (32, 2), (64, 2)):
             tab = dataclasses.replace(base, rec_bv=bv, rec_warps=nw)
             timed(f"decode batch {b}", f"BV={bv} warps={nw}", lambda: decode_ms(b, tab)[0], graph=True)
     x, w, st, qsl, slots, has = conv_inputs(PREFILL["8 x 4K ragged"])
-    for bt, bc, nw in ((16, 256, 8), (8, 512, 8), (16, 128, 4), (32, 256, 8), (8, 256, 4)):
+    for bt, bc, nw in ((16, 256, 8), (8, 512, 8), (16, 128, 4), (32, 256, 8), (8, 256, 4), (4, 512, 4), (16, 256, 4),
+                       (32, 128, 4)):
         tab = dataclasses.replace(cbase, fwd=cv.ConvLaunch(bt, bc, nw, cbase.fwd.num_stages))
         cv._conv(x, w, st, qsl, slots, has, "silu", tab)
         timed("conv 8 x 4K", f"BT={bt} BC={bc} warps={nw}", lambda: cv._conv(x, w, st, qsl, slots, has, "silu", tab))
     for bc, nw in ((512, 4), (1024, 8), (256, 2), (256, 4)):
         tab = dataclasses.replace(cbase, update=cv.ConvLaunch(1, bc, nw, 1))
         timed("conv decode 256", f"BC={bc} warps={nw}", lambda: conv_decode_ms(256, tab)[0], graph=True)
-    variants = [("table", base), ("no overlap", dataclasses.replace(base, overlap_max_programs=0)),
-                ("scan warps 4", dataclasses.replace(base, scan_warps=4)),
-                ("wy warps 8", dataclasses.replace(base, wy_warps=8)),
-                ("scan BV 32 warps 4", dataclasses.replace(base, scan_bv=32, scan_warps=4)),
-                ("scan stages 3", dataclasses.replace(base, scan_stages=3)),
-                ("scan stages 1", dataclasses.replace(base, scan_stages=1)),
-                ("scan BV 32 warps 8", dataclasses.replace(base, scan_bv=32)),
-                ("wy warps 2", dataclasses.replace(base, wy_warps=2))]
-    for name in ("1 x 64K", "8 x 4K ragged", "1 x 8K"):
-        args = gdn_inputs(PREFILL[name])
-        for label, tab in variants:
-            if time.time() > t_end:
-                break
-
-            def run(tab=tab):
-                for _, launch in gdr.chunk_steps(*args, DK ** -0.5, table=tab)[1]:
-                    launch()
-            run()
-            timed(f"prefill {name}", label, run)
-        torch.cuda.empty_cache()
+    sweep_prefill(t_end, timed)
     print_table("Sweep (whole op, other launch parameters)", ["op / case", "variant", "ms"], rows)
 
 
@@ -254,7 +311,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sweep", type=float, default=0.0, help="seconds to spend timing other launch tables")
     ap.add_argument("--no-fla", action="store_true")
-    ap.add_argument("--only", choices=["prefill", "decode", "conv", "sweep"], default=None)
+    ap.add_argument("--only", choices=["prefill", "decode", "conv", "sweep", "sweep-prefill"], default=None)
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
     print(device_header(), flush=True)
@@ -266,7 +323,9 @@ def main():
         bench_prefill(not args.no_fla)
     if args.profile:
         profile_64k()
-    if args.sweep > 0 or args.only == "sweep":
+    if args.only == "sweep-prefill":
+        sweep_prefill(time.time() + (args.sweep or 120.0))
+    elif args.sweep > 0 or args.only == "sweep":
         sweep(args.sweep or 60.0)
 
 

@@ -1,5 +1,6 @@
-"""Gated DeltaNet kernels (Triton) against the reference twins: interpreter on tiny head dims, compiled on
-the Qwen3.5-27B shape (Hk 16, Hv 48, dk = dv = 128) with -m gpu.
+"""Gated DeltaNet kernels (Triton) against the reference twins: interpreter on head dims 16-64, both chunked
+prefill forms (GDNTable.prefill "split" and "scan"); compiled with -m gpu on the Qwen3.5-27B shape (Hk 16,
+Hv 48, dk = dv = 128) and on the small models' head dims (16-64).
 
 Tolerances (relative Frobenius error ||got - want|| / ||want||, per output and per state):
 - fp32 inputs: every intermediate stays fp32, so only summation order differs: 1e-4.
@@ -72,20 +73,49 @@ CHUNK_CASES = {
     "short_gqa3_padded_dims": ([1, 2, 5, 33], 1, 3, 20, 24, torch.float32, 1.0),
     # (the interpreter's tl.dot cannot take bf16: bf16 runs in the -m gpu tests)
     "fp16_two_key_heads": ([70, 9], 2, 2, 16, 16, torch.float16, 0.5),
+    # the head dims of the H200 failure (dk = dv = 32, bench/NOTES.md) and 64: ragged 1..300, some
+    # sequences starting from a state and some from zero, two key heads with two value heads each
+    "fp16_dk32_ragged_gqa2": ([300, 1, 77, 5, 128], 2, 2, 32, 32, torch.float16, 0.5),
+    "fp32_dk32_all_init": ([300, 77, 5], 2, 2, 32, 32, torch.float32, 1.0),
+    "fp16_dk64_ragged_gqa2": ([1, 63, 300, 65], 2, 2, 64, 64, torch.float16, 0.5),
+    "fp32_dk64_no_init": ([129, 7, 200], 1, 2, 64, 64, torch.float32, 0.0),
 }
+PREFILL = ["split", "scan"]
 
 
+def _run(table, q, k, v, g, beta, ssm, qsl, slots, has, scale, l2norm=True, names=None):
+    """The op with an explicit table on copies of the inputs; returns the output and the states."""
+    ssm_d = ssm.clone().to(DEV)
+    o, steps = gdr.chunk_steps(*(x.to(DEV) for x in (q, k, v, g, beta)), ssm_d, qsl.to(DEV), slots.to(DEV),
+                               has.to(DEV), scale, l2norm, table=table)
+    if names is not None:
+        assert [name for name, _ in steps] == names
+    for _, launch in steps:
+        launch()
+    return o, ssm_d
+
+
+def test_table_rows_name_a_prefill_form():
+    assert {row.prefill for row in gdr._TABLE.values()} <= {"split", "scan"}
+    assert gdr._TABLE[90].prefill == "split"
+
+
+@pytest.mark.parametrize("prefill", PREFILL)
 @pytest.mark.parametrize("name", list(CHUNK_CASES))
-def test_chunk_gated_delta_rule_matches_reference(name):
+def test_chunk_gated_delta_rule_matches_reference(name, prefill):
     lens, hk, r, dk, dv, dtype, has_p = CHUNK_CASES[name]
     gen = torch.Generator().manual_seed(len(name))
     q, k, v, g, beta, ssm, qsl, slots, has = _case(lens, hk, r, dk, dv, dtype, gen, has_p=has_p)
     scale = dk ** -0.5
     ssm_ref = ssm.clone()
     o_ref = ref.chunk_gated_delta_rule(q, k, v, g, beta, ssm_ref, qsl, slots, has, scale)
-    ssm_d = ssm.clone().to(DEV)
-    o = chunk_gated_delta_rule(*(x.to(DEV) for x in (q, k, v, g, beta)), ssm_d, qsl.to(DEV), slots.to(DEV),
-                               has.to(DEV), scale)
+    if prefill == gdr._TABLE[80].prefill:  # the public op, with the interpreter's (sm_80) row
+        ssm_d = ssm.clone().to(DEV)
+        o = chunk_gated_delta_rule(*(x.to(DEV) for x in (q, k, v, g, beta)), ssm_d, qsl.to(DEV), slots.to(DEV),
+                                   has.to(DEV), scale)
+    else:
+        o, ssm_d = _run(dataclasses.replace(gdr._TABLE[80], prefill=prefill), q, k, v, g, beta, ssm, qsl, slots,
+                        has, scale)
     assert o.dtype == dtype and o.shape == v.shape
     assert _rel(o, o_ref) < TOL[dtype]
     written = [int(s) for s, n in zip(slots, lens) if n > 0]
@@ -94,39 +124,53 @@ def test_chunk_gated_delta_rule_matches_reference(name):
     assert torch.equal(ssm_d[kept].cpu(), ssm[kept]), "slots of other (or empty) sequences must stay as they were"
 
 
-def test_chunk_segments_hand_the_state_on():
-    """The path that overlaps WY and scan cuts the chunks into windows; each scan launch continues
-    from the state the previous one left in the slot. Forced here on tiny inputs (windows of 3
-    chunks cut through the 7-chunk sequence and fall between the others)."""
+@pytest.mark.parametrize("prefill,names", [("split", ["wy+h+o overlapped"]), ("scan", ["wy+scan overlapped"])])
+def test_chunk_segments_hand_the_state_on(prefill, names):
+    """The path that overlaps WY (and the output) with the serial kernel cuts the chunks into windows;
+    each serial launch continues from the state the previous one left in the slot. Forced here on
+    tiny inputs (windows of 3 chunks cut through the 7-chunk sequence and fall between the others);
+    the stream overlap itself runs only on CUDA (the -m gpu tests at 64K take it)."""
     gen = torch.Generator().manual_seed(9)
     lens = [130, 1, 0, 200, 64]
     q, k, v, g, beta, ssm, qsl, slots, _ = _case(lens, 1, 2, 16, 16, torch.float32, gen)
     has = torch.tensor([True, False, True, False, True])  # the 200-token sequence, cut in two, starts at zero
     ssm_ref = ssm.clone()
     o_ref = ref.chunk_gated_delta_rule(q, k, v, g, beta, ssm_ref, qsl, slots, has, 0.25)
-    table = dataclasses.replace(gdr._TABLE[80], overlap_max_programs=1 << 30, overlap_min_chunks=2,
-                                overlap_segments=5)
-    ssm_d = ssm.clone().to(DEV)
-    o, steps = gdr.chunk_steps(*(x.to(DEV) for x in (q, k, v, g, beta)), ssm_d, qsl.to(DEV), slots.to(DEV),
-                               has.to(DEV), 0.25, table=table)
-    assert [name for name, _ in steps] == ["wy+scan overlapped"]
-    for _, launch in steps:
-        launch()
+    table = dataclasses.replace(gdr._TABLE[80], prefill=prefill, overlap_max_programs=1 << 30,
+                                scan_overlap_max_programs=1 << 30, overlap_min_chunks=2, scan_overlap_min_chunks=2,
+                                overlap_segments=5, overlap_min_window=1)
+    o, ssm_d = _run(table, q, k, v, g, beta, ssm, qsl, slots, has, 0.25, names=names)
     assert _rel(o, o_ref) < 1e-4 and _rel(ssm_d, ssm_ref) < 1e-4
 
 
-def test_chunk_without_l2norm_and_bad_chunk_size():
+@pytest.mark.parametrize("prefill,names", [("split", ["offsets", "wy", "h", "o"]),
+                                           ("scan", ["offsets", "wy", "scan"])])
+def test_chunk_value_blocks(prefill, names):
+    """dv split over several programs in the serial and output kernels (blocks of 16 of dv = 32)."""
+    gen = torch.Generator().manual_seed(13)
+    q, k, v, g, beta, ssm, qsl, slots, has = _case([70, 5], 1, 2, 16, 32, torch.float32, gen, has_p=1)
+    ssm_ref = ssm.clone()
+    o_ref = ref.chunk_gated_delta_rule(q, k, v, g, beta, ssm_ref, qsl, slots, has, 0.25)
+    table = dataclasses.replace(gdr._TABLE[80], prefill=prefill, h_bv=16, o_bv=16, scan_bv=16)
+    o, ssm_d = _run(table, q, k, v, g, beta, ssm, qsl, slots, has, 0.25, names=names)
+    assert _rel(o, o_ref) < 1e-4 and _rel(ssm_d, ssm_ref) < 1e-4
+
+
+@pytest.mark.parametrize("prefill", PREFILL)
+def test_chunk_without_l2norm_and_bad_arguments(prefill):
     gen = torch.Generator().manual_seed(5)
     q, k, v, g, beta, ssm, qsl, slots, has = _case([3, 40], 1, 2, 16, 16, torch.float32, gen)
     k = k / k.norm(dim=-1, keepdim=True) * 0.9  # keys of norm < 1 keep the un-normalised rule stable
     ssm_ref = ssm.clone()
     o_ref = ref.chunk_gated_delta_rule(q, k, v, g, beta, ssm_ref, qsl, slots, has, 0.3, use_qk_l2norm=False)
-    ssm_d = ssm.clone().to(DEV)
-    args = [x.to(DEV) for x in (q, k, v, g, beta)] + [ssm_d, qsl.to(DEV), slots.to(DEV), has.to(DEV), 0.3]
-    o = chunk_gated_delta_rule(*args, use_qk_l2norm=False)
+    table = dataclasses.replace(gdr._TABLE[80], prefill=prefill)
+    o, ssm_d = _run(table, q, k, v, g, beta, ssm, qsl, slots, has, 0.3, l2norm=False)
     assert _rel(o, o_ref) < 1e-4 and _rel(ssm_d, ssm_ref) < 1e-4
+    args = [x.to(DEV) for x in (q, k, v, g, beta)] + [ssm.clone().to(DEV), qsl.to(DEV), slots.to(DEV), has.to(DEV)]
     with pytest.raises(ValueError, match="chunk_size=64"):
-        chunk_gated_delta_rule(*args, chunk_size=32)
+        chunk_gated_delta_rule(*args, 0.3, chunk_size=32)
+    with pytest.raises(ValueError, match="'split' or 'scan'"):
+        gdr.chunk_steps(*args, 0.3, table=dataclasses.replace(table, prefill="fused"))
 
 
 @pytest.mark.parametrize("dtype,r,l2norm", [(torch.float32, 2, True), (torch.float16, 1, True),
@@ -166,32 +210,54 @@ def test_recurrent_speculative_intermediate_slots():
     assert torch.equal(ssm_d[11:].cpu(), ssm[11:])
 
 
-# ---------------------------------------------------------------- GPU, Qwen3.5-27B shape
-def _gpu_chunk_check(lens, seed, slow_decay=False):
+# ---------------------------------------------------------------- GPU
+def _gpu_chunk_check(lens, seed, slow_decay=False, prefill=None, hk=16, r=3, dk=128, dv=128, dtype=torch.bfloat16):
+    """The op on the GPU with this device's row (prefill: that form instead) against the chunked twin
+    in fp32 on the GPU (same rounded inputs, fp32 math everywhere)."""
     gen = torch.Generator().manual_seed(seed)
-    q, k, v, g, beta, ssm, qsl, slots, has = _case(lens, 16, 3, 128, 128, torch.bfloat16, gen, device="cuda",
+    q, k, v, g, beta, ssm, qsl, slots, has = _case(lens, hk, r, dk, dv, dtype, gen, device="cuda",
                                                    slow_decay=slow_decay)
-    scale = 128 ** -0.5
+    scale = dk ** -0.5
     ssm_ref = ssm.clone()
-    # the oracle: the chunked twin in fp32 on the GPU (same bf16 inputs, fp32 math everywhere)
     o_ref = ref.chunk_gated_delta_rule(q, k, v, g, beta, ssm_ref, qsl, slots, has, scale)
-    o = chunk_gated_delta_rule(q, k, v, g, beta, ssm, qsl, slots, has, scale)
+    table = gdr._device_table(q.device)
+    if prefill is None:
+        o = chunk_gated_delta_rule(q, k, v, g, beta, ssm, qsl, slots, has, scale)
+    else:
+        o, steps = gdr.chunk_steps(q, k, v, g, beta, ssm, qsl, slots, has, scale,
+                                   table=dataclasses.replace(table, prefill=prefill))
+        for _, launch in steps:
+            launch()
     torch.cuda.synchronize()
     e_o, e_s = _rel(o, o_ref), _rel(ssm, ssm_ref)
-    print(f"\nchunk lens={lens if len(lens) < 8 else len(lens)} slow_decay={slow_decay}: "
-          f"rel err o {e_o:.2e} state {e_s:.2e}")
-    assert e_o < TOL[torch.bfloat16] and e_s < TOL[torch.bfloat16]
+    print(f"\nchunk {prefill or table.prefill} dk={dk} {dtype} lens={lens if len(lens) < 8 else len(lens)} "
+          f"slow_decay={slow_decay}: rel err o {e_o:.2e} state {e_s:.2e}")
+    assert e_o < TOL[dtype] and e_s < TOL[dtype]
 
 
 @pytest.mark.gpu
-def test_chunk_gpu_real_shape_ragged():
-    _gpu_chunk_check([1, 63, 64, 65, 1000, 4096, 0, 7], seed=1)
+@pytest.mark.parametrize("prefill", PREFILL)
+def test_chunk_gpu_real_shape_ragged(prefill):
+    _gpu_chunk_check([1, 63, 64, 65, 1000, 4096, 0, 7], seed=1, prefill=prefill)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("prefill", PREFILL)
 @pytest.mark.parametrize("slow_decay", [False, True])
-def test_chunk_gpu_real_shape_64k(slow_decay):
-    _gpu_chunk_check([65536], seed=2, slow_decay=slow_decay)
+def test_chunk_gpu_real_shape_64k(slow_decay, prefill):
+    # one sequence: the serial kernel has few programs, so both forms cut it into windows on streams
+    _gpu_chunk_check([65536], seed=2, slow_decay=slow_decay, prefill=prefill)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("prefill", PREFILL)
+@pytest.mark.parametrize("dk,dtype", [(32, torch.float16), (32, torch.bfloat16), (64, torch.float16),
+                                      (16, torch.float16)])
+def test_chunk_gpu_small_head_dims(dk, dtype, prefill):
+    """The small models' head dims, compiled: at dk = dv = 32 the split's WY kernel wrote wrong w and u
+    on the H200 (the op's output 1.15 off) and at 16 hit an illegal address, until SPLIT_MIN_BLOCK
+    padded its blocks to 64; 16 is the demo model's head dim, 32 the GPU model test's."""
+    _gpu_chunk_check([300, 77, 5, 1, 130], seed=5, prefill=prefill, hk=2, r=2, dk=dk, dv=dk, dtype=dtype)
 
 
 @pytest.mark.gpu
