@@ -93,7 +93,8 @@ def main():
         for bn, r in ((64, 64), (64, 16), (256, 16)):
             for waves in (4, 16):
                 rows.append([name, f"{bn} x {r} rows, split toward {waves} waves",
-                             tiles_gbs(k, n, bn, r, waves, False, sms) / bw, tiles_gbs(k, n, bn, r, waves, True, sms) / bw])
+                             tiles_gbs(k, n, bn, r, waves, False, sms) / bw,
+                             tiles_gbs(k, n, bn, r, waves, True, sms) / bw])
             for per_sm in (4, 8, 16):
                 rows.append([name, f"{bn} x {r} rows, persistent {per_sm} per SM, 1 / 3 stages",
                              persistent_gbs(k, n, bn, r, per_sm * sms, 1) / bw,
