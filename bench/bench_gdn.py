@@ -66,6 +66,11 @@ def chunk_flops(lens):
     return per_chunk * HV * sum(-(-n // bt) for n in lens)
 
 
+def other_form(table) -> str:
+    """The prefill form (GDNTable.prefill) the table does not use, timed beside it."""
+    return "scan" if table.prefill == "split" else "split"
+
+
 def rel(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
@@ -96,7 +101,7 @@ def bench_prefill(use_fla: bool):
         alone = dataclasses.replace(table, overlap_max_programs=0, scan_overlap_max_programs=0)
         _, steps = gdr.chunk_steps(q, k, v, g, beta, ssm, qsl, slots, has, scale, table=alone)
         parts = " / ".join(f"{n} {bench_ms(f):.3f}" for n, f in steps if n != "offsets")
-        other = dataclasses.replace(table, prefill="scan" if table.prefill == "split" else "split")
+        other = dataclasses.replace(table, prefill=other_form(table))
         other_ms = bench_ms(lambda: [f() for _, f in gdr.chunk_steps(q, k, v, g, beta, ssm, qsl, slots, has, scale,
                                                                        table=other)[1]])
         fla_ms, diff = float("nan"), float("nan")
@@ -218,7 +223,7 @@ def sweep_prefill(t_end: float, timed=None):
             rows.append([label, variant, bench_ms(fn, warmup_ms=10, rep_ms=50)])
             print(f"  {label} {variant}: {rows[-1][2]:.4f} ms", flush=True)
     base = gdr._device_table(torch.device("cuda"))
-    other = "scan" if base.prefill == "split" else "split"
+    other = other_form(base)
     for name in ("1 x 64K", "8 x 4K ragged", "1 x 8K"):
         args = gdn_inputs(PREFILL[name])
         ssm0 = args[5].clone()

@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from .aot import AotConfig
-from .w4a16 import INTERPRET, GemvConfig, gemv_thread_rows, gemv_tile_rows, pick_split, split_counters
+from .w4a16 import INTERPRET, GemvConfig, gemv_tile, pick_split, split_counters
 from .w4a16_gemv import _gemv_rows, _gemv_tile, _last_split_reduces
 
 
@@ -170,8 +170,7 @@ def moe_decode(x, w13, w2, tw, ids, up: GemvConfig, down: GemvConfig, sms: int, 
     h = torch.empty((tk, inter), dtype=x.dtype, device=dev)
     out = torch.empty((t, hid), dtype=x.dtype, device=dev)
 
-    r, sr = gemv_tile_rows(up.BK, hid, w13.group_size)
-    sr = gemv_thread_rows(r, sr, up.BN, up.num_warps)
+    r, sr = gemv_tile(up, hid, w13.group_size)
     n_tiles = triton.cdiv(inter, up.BN)
     split = pick_split(n_tiles * tk, hid // (8 * r), up.waves, sms)
     part = torch.empty((split, tk, 2 * inter), dtype=torch.float32, device=dev) if split > 1 else h
@@ -181,8 +180,7 @@ def moe_decode(x, w13, w2, tw, ids, up: GemvConfig, down: GemvConfig, sms: int, 
         TOPK=top_k, G=w13.group_size, BN=up.BN, R=r, SR=sr, SPLIT=split > 1, F16X2=f16x2, ASM=not INTERPRET,
         PDL=pdl, num_warps=up.num_warps, num_stages=1, **({"launch_pdl": True} if pdl == 2 else {}))
 
-    r, sr = gemv_tile_rows(down.BK, inter, w2.group_size)
-    sr = gemv_thread_rows(r, sr, down.BN, down.num_warps)
+    r, sr = gemv_tile(down, inter, w2.group_size)
     n_tiles = triton.cdiv(hid, down.BN)
     split = pick_split(n_tiles * t, top_k * inter // (8 * r), down.waves, sms)
     part = torch.empty((split, t, hid), dtype=torch.float32, device=dev) if split > 1 else out
@@ -211,8 +209,7 @@ def decode_aot_configs(cc: int, up: GemvConfig, down: GemvConfig, pdl: int = 0) 
         ty.update(w_ptr="*i32", id_ptr="*i32", count_ptr="*i32", tw_ptr="*fp32", part_ptr="*fp32")
         for kernel, args, c, k in (("_moe_up_decode_kernel", _UP_ARGS, up, 2048),
                                    ("_moe_down_decode_kernel", _DOWN_ARGS, down, 512)):
-            r, sr = gemv_tile_rows(c.BK, k, 128)
-            sr = gemv_thread_rows(r, sr, c.BN, c.num_warps)
+            r, sr = gemv_tile(c, k, 128)
             for split in (False, True):
                 consts = dict(TOPK=8, G=128, BN=c.BN, R=r, SR=sr, SPLIT=split, F16X2=dt == "fp16", ASM=True,
                               PDL=pdl)

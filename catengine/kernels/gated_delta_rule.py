@@ -198,7 +198,8 @@ def _split_launches(q, k, v, g, beta, o, ssm, qsl, cu, slots, has_init, scale, l
     t, hk, dk = q.shape
     hv, dv = v.shape[1:]
     bk, bv = _pad(dk), _pad(dv)
-    wbk, wbv, hbk = max(SPLIT_MIN_BLOCK, bk), max(SPLIT_MIN_BLOCK, bv), max(SPLIT_MIN_BLOCK, bk)
+    # the WY and the serial kernel share the padded key block
+    wbk, wbv = max(SPLIT_MIN_BLOCK, bk), max(SPLIT_MIN_BLOCK, bv)
     hbv, obv = min(cfg.h_bv, bv), min(cfg.o_bv, bv)
     dev, dt, r = v.device, v.dtype, hv // hk
     w = torch.empty((t, hv, dk), dtype=dt, device=dev)
@@ -216,7 +217,7 @@ def _split_launches(q, k, v, g, beta, o, ssm, qsl, cu, slots, has_init, scale, l
     def state(c_lo=0, c_hi=nt):
         gdn_chunk_h_kernel[(nb * hv, triton.cdiv(dv, hbv))](
             k, w, u, g, kn, vn, hb, ssm, qsl, cu, slots, has_init, c_lo, c_hi, hv, r, k.stride(0), k.stride(1),
-            g.stride(0), ssm.stride(0), K=dk, V=dv, BK=hbk, BV=hbv, num_warps=cfg.h_warps, num_stages=cfg.h_stages)
+            g.stride(0), ssm.stride(0), K=dk, V=dv, BK=wbk, BV=hbv, num_warps=cfg.h_warps, num_stages=cfg.h_stages)
 
     def out(c_lo=0, c_hi=nt):
         gdn_chunk_o_kernel[(c_hi - c_lo, hv, triton.cdiv(dv, obv))](

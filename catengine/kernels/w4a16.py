@@ -265,6 +265,13 @@ def gemv_thread_rows(r: int, sr: int, bn: int, num_warps: int) -> int:
     return max(1, min(sr, r * min(bn // 4, threads) // threads))
 
 
+def gemv_tile(c: GemvConfig, k: int, group: int) -> tuple[int, int]:
+    """The (R, SR) every GEMV-style kernel of config c is launched with: gemv_tile_rows, then
+    gemv_thread_rows for its columns and warps."""
+    r, sr = gemv_tile_rows(c.BK, k, group)
+    return r, gemv_thread_rows(r, sr, c.BN, c.num_warps)
+
+
 def gemv_block_k(bk: int, k: int) -> int:
     """The GEMV reads each int32's own group, so its BK only has to divide K (K % 8 == 0)."""
     while k % bk:
@@ -311,8 +318,7 @@ def w4a16_linear(x, weight: QuantizedWeight, bias=None):
     b_arg = bias if bias is not None else y
     if m <= table.gemv_max_m:
         c = table.gemv
-        r, sr = gemv_tile_rows(c.BK, k, g)
-        sr = gemv_thread_rows(r, sr, c.BN, c.num_warps)
+        r, sr = gemv_tile(c, k, g)
         # half2 math needs PTX (not the interpreter) and fp16; x is read as 8-byte words
         f16x2 = c.half2 and x.dtype == torch.float16 and not INTERPRET
         if f16x2 and (x2.stride(0) % 4 or x2.data_ptr() % 8):
@@ -374,8 +380,7 @@ def aot_configs(cc: int) -> list[AotConfig]:
     for dt in ("fp16",) + (("bf16",) if cc >= 80 else ()):
         c = table.gemv
         for split, fused in ((1, False), (4, False), (4, True)):
-            r, sr = gemv_tile_rows(c.BK, 5120, 128)
-            sr = gemv_thread_rows(r, sr, c.BN, c.num_warps)
+            r, sr = gemv_tile(c, 5120, 128)
             out.append(AotConfig("_w4a16_gemv_kernel", _signature(dt, _GEMV_ARGS, 15),
                                  dict(G=128, BN=c.BN, R=r, SR=sr, MR=1, SPLIT=split > 1, HAS_BIAS=split == 1,
                                       PREFETCH=c.prefetch, F16X2=c.half2 and dt == "fp16", ASM=True,
