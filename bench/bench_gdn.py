@@ -11,7 +11,7 @@
   engine runs decode) over rotating state slots, so neither launch overhead nor L2 hits count.
 - Conv1d: bytes moved (input, output, states, weights once) over time, against copy bandwidth.
 ``--sweep`` also times other launch tables end to end (to choose the per-architecture table; never
-at serve time), and ``--profile`` prints per-kernel times of ours and fla at 1 x 64K.
+at serve time), and ``--profile CASE`` prints per-kernel times of ours and fla on one prefill case.
 
 Usage: python bench/bench_gdn.py [--only prefill|decode|conv|sweep|sweep-prefill] [--sweep S] [--no-fla]
 """
@@ -275,8 +275,8 @@ def sweep(budget_s: float):
             tab = dataclasses.replace(base, rec_bv=bv, rec_warps=nw)
             timed(f"decode batch {b}", f"BV={bv} warps={nw}", lambda: decode_ms(b, tab)[0], graph=True)
     x, w, st, qsl, slots, has = conv_inputs(PREFILL["8 x 4K ragged"])
-    for bt, bc, nw in ((16, 256, 8), (8, 512, 8), (16, 128, 4), (32, 256, 8), (8, 256, 4), (4, 512, 4), (16, 256, 4),
-                       (32, 128, 4)):
+    for bt, bc, nw in ((16, 512, 4), (8, 512, 4), (32, 512, 4), (16, 256, 4), (16, 256, 2), (16, 512, 2), (8, 256, 2),
+                       (16, 1024, 4), (16, 1024, 8)):
         tab = dataclasses.replace(cbase, fwd=cv.ConvLaunch(bt, bc, nw, cbase.fwd.num_stages))
         cv._conv(x, w, st, qsl, slots, has, "silu", tab)
         timed("conv 8 x 4K", f"BT={bt} BC={bc} warps={nw}", lambda: cv._conv(x, w, st, qsl, slots, has, "silu", tab))
@@ -287,11 +287,11 @@ def sweep(budget_s: float):
     print_table("Sweep (whole op, other launch parameters)", ["op / case", "variant", "ms"], rows)
 
 
-def profile_64k():
-    """Per-kernel CUDA time of one call of ours and of fla at 1 x 64K (torch.profiler)."""
+def profile_prefill(case: str):
+    """Per-kernel CUDA time of one call of ours and of fla on one prefill case (torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
     fla_chunk, why = load_fla()
-    q, k, v, g, beta, ssm, qsl, slots, has = gdn_inputs(PREFILL["1 x 64K"])
+    q, k, v, g, beta, ssm, qsl, slots, has = gdn_inputs(PREFILL[case])
     h0 = ssm[slots.long()].clone()
     cu, cu_cpu = qsl.long(), qsl.long().cpu()
     runs = {"ours": lambda: gdr.chunk_gated_delta_rule(q, k, v, g, beta, ssm, qsl, slots, has, DK ** -0.5)}
@@ -308,7 +308,7 @@ def profile_64k():
         rows = [[e.key[:60], e.count, e.device_time_total / 1e3] for e in prof.key_averages()
                 if e.device_time_total > 0]
         rows.sort(key=lambda r: -r[2])
-        print_table(f"Kernels of one {name} call at 1 x 64K (profiler; overlapped kernels both count)",
+        print_table(f"Kernels of one {name} call at {case} (profiler; overlapped kernels both count)",
                     ["kernel", "calls", "ms"], rows[:10])
 
 
@@ -317,7 +317,8 @@ def main():
     ap.add_argument("--sweep", type=float, default=0.0, help="seconds to spend timing other launch tables")
     ap.add_argument("--no-fla", action="store_true")
     ap.add_argument("--only", choices=["prefill", "decode", "conv", "sweep", "sweep-prefill"], default=None)
-    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--profile", choices=list(PREFILL), default=None,
+                    help="per-kernel times of ours and fla on this prefill case")
     args = ap.parse_args()
     print(device_header(), flush=True)
     if args.only in (None, "decode"):
@@ -327,7 +328,7 @@ def main():
     if args.only in (None, "prefill"):
         bench_prefill(not args.no_fla)
     if args.profile:
-        profile_64k()
+        profile_prefill(args.profile)
     if args.only == "sweep-prefill":
         sweep_prefill(time.time() + (args.sweep or 120.0))
     elif args.sweep > 0 or args.only == "sweep":

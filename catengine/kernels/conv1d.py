@@ -3,11 +3,11 @@
 Both forms read the last Kc-1 *pre-conv* inputs of each sequence from its state slot
 (``conv_states[slot]``: [Kc-1, C], channels contiguous) and write the new last Kc-1 back.
 
-The varlen form is two launches: the conv over flat token tiles (a tile may straddle sequences:
-each token finds its own sequence by a binary search over ``query_start_loc``, so no host sync and
-no per-sequence padding), then one program per (sequence, channel block) that writes the new state.
-The split is what makes it race-free: a program of the first launch may read the *old* state of a
-slot that the second launch overwrites.
+The varlen form is two launches: the conv over flat token tiles (a tile may straddle sequences; one
+binary search over ``query_start_loc`` finds the tiles near a sequence start, whose first rows are
+redone with the state, so no host sync and no per-sequence padding), then one program per (sequence,
+channel block) that writes the new state. The split is what makes it race-free: a program of the first
+launch may read the *old* state of a slot that the second launch overwrites.
 """
 from __future__ import annotations
 
@@ -37,14 +37,15 @@ class ConvTable:
     update: ConvLaunch   # causal_conv1d_update_kernel
 
 
-# Memory-bound. sm_90 prefill from the H200 sweep (bench_gdn.py --sweep, 8 x 4K ragged, after the x
-# loads moved ahead of the sequence search): (32, 128, 4 warps) 0.507 ms, (16, 256, 4) 0.517, (8, 256, 4)
-# 0.531, (16, 256, 8) 0.586; ptxas: 100 registers, no spills. sm_80 follows it unmeasured. sm_70: no
-# cp.async, 1 stage, smaller tiles.
+# Memory-bound. The prefill tile is BT rows of BC channels walked row by row. sm_90 from the H200 sweep
+# (bench_gdn.py --sweep, 8 x 4K ragged, ms): (16, 512, 4 warps) 0.378, (32, 512, 4) 0.409, (64, 512, 4)
+# 0.481, (16, 1024, 4) 0.489, (32, 512, 2) 0.523; the former [BT, BC] tile with shifted tap loads 0.507
+# at best. ptxas: 64 registers, no spills. sm_80 and sm_70 follow it unmeasured (sm_70: 1 stage, as
+# there is no loop to pipeline anyway).
 _TABLE = {
-    70: ConvTable(ConvLaunch(16, 128, 4, 1), ConvLaunch(1, 256, 2, 1), ConvLaunch(1, 256, 2, 1)),
-    80: ConvTable(ConvLaunch(32, 128, 4, 2), ConvLaunch(1, 256, 2, 1), ConvLaunch(1, 512, 4, 1)),
-    90: ConvTable(ConvLaunch(32, 128, 4, 2), ConvLaunch(1, 512, 4, 1), ConvLaunch(1, 512, 4, 1)),
+    70: ConvTable(ConvLaunch(16, 512, 4, 1), ConvLaunch(1, 256, 2, 1), ConvLaunch(1, 256, 2, 1)),
+    80: ConvTable(ConvLaunch(16, 512, 4, 1), ConvLaunch(1, 256, 2, 1), ConvLaunch(1, 512, 4, 1)),
+    90: ConvTable(ConvLaunch(16, 512, 4, 1), ConvLaunch(1, 512, 4, 1), ConvLaunch(1, 512, 4, 1)),
 }
 
 
@@ -55,56 +56,107 @@ def _device_table(device: torch.device) -> ConvTable:
 
 
 @triton.jit
+def _x_row(x, t, t_end, o_c, C, stride_x_t):
+    """Row t of x ([BC] channels), zeros outside [0, t_end). The row bound enters the mask through the
+    channel bound (the interpreter cannot AND a scalar bool into a block)."""
+    n_c = tl.where((t >= 0) & (t < t_end), C, 0)
+    return tl.load(x + t.to(tl.int64) * stride_x_t + o_c, mask=o_c < n_c, other=0.)
+
+
+@triton.jit
+def _lag_weight(w, o_c, m_c, stride_w_c, KC: tl.constexpr, LAG: tl.constexpr):
+    """[BC] fp32 weight of input row t - LAG in output row t."""
+    return tl.load(w + o_c * stride_w_c + (KC - 1 - LAG), mask=m_c, other=0.).to(tl.float32)
+
+
+@triton.jit
 def causal_conv1d_fwd_kernel(x, w, conv_states, qsl, state_slots, has_init, out,
                              T, C, B, N_SEARCH, stride_x_t, stride_o_t, stride_s_slot, stride_w_c,
                              KC: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, SILU: tl.constexpr):
+    # A program walks BT rows of BC channels one row at a time. For KC <= 4 the previous KC-1 input rows
+    # stay in registers (a sliding window), so every x row is read once. The former [BT, BC] tile with
+    # KC shifted loads fetched each row KC times through L1 (H200, 8 x 4K: 0.507 ms against 0.378).
     i_t, i_c = tl.program_id(0), tl.program_id(1)
-    o_t = i_t * BT + tl.arange(0, BT)
+    t0 = i_t * BT
     o_c = i_c * BC + tl.arange(0, BC)
-    m_t = o_t < T
     m_c = o_c < C
-    # The conv as if no sequence started in the tile, issued before the search: its loads do not depend
-    # on it (ptxas keeps loads below the search loop waiting for it, so they come first).
-    acc = tl.zeros([BT, BC], dtype=tl.float32)
-    for j in tl.static_range(KC):
-        o_src = o_t - (KC - 1) + j
-        # [BT, BC]
-        b_x = tl.load(x + o_src.to(tl.int64)[:, None] * stride_x_t + o_c[None, :],
-                      mask=(m_t & (o_src >= 0))[:, None] & m_c[None, :], other=0.)
-        # [BC]
-        b_w = tl.load(w + o_c * stride_w_c + j, mask=m_c, other=0.).to(tl.float32)
-        acc += b_x.to(tl.float32) * b_w[None, :]
-    # sequence of each token: the largest b with qsl[b] <= t (qsl[0] = 0 keeps lo valid)
-    lo = tl.zeros([BT], dtype=tl.int32)
+    DT = out.dtype.element_ty
+    if KC <= 4:
+        # First as if no sequence started near the tile; rows within KC-1 of a sequence start are redone
+        # below. Nothing here waits for the sequence search. ptxas never moves a load of x above a store
+        # to out (they might alias), so the loads run four rows ahead of the stores by hand:
+        # xm1..xm3 are the rows before the current one, x0..x3 the current one and the next three.
+        w0 = _lag_weight(w, o_c, m_c, stride_w_c, KC, 0)
+        w1 = _lag_weight(w, o_c, m_c, stride_w_c, KC, 1)
+        xm1 = _x_row(x, t0 - 1, t0, o_c, C, stride_x_t)
+        if KC > 2:
+            w2 = _lag_weight(w, o_c, m_c, stride_w_c, KC, 2)
+            xm2 = _x_row(x, t0 - 2, t0, o_c, C, stride_x_t)
+        if KC > 3:
+            w3 = _lag_weight(w, o_c, m_c, stride_w_c, KC, 3)
+            xm3 = _x_row(x, t0 - 3, t0, o_c, C, stride_x_t)
+        t_end = tl.minimum(t0 + BT, T)
+        x0 = _x_row(x, t0, t_end, o_c, C, stride_x_t)
+        x1 = _x_row(x, t0 + 1, t_end, o_c, C, stride_x_t)
+        x2 = _x_row(x, t0 + 2, t_end, o_c, C, stride_x_t)
+        x3 = _x_row(x, t0 + 3, t_end, o_c, C, stride_x_t)
+        for r in tl.static_range(BT):
+            x4 = _x_row(x, t0 + r + 4, t_end, o_c, C, stride_x_t)
+            acc = w0 * x0.to(tl.float32) + w1 * xm1.to(tl.float32)
+            if KC > 2:
+                acc += w2 * xm2.to(tl.float32)
+            if KC > 3:
+                acc += w3 * xm3.to(tl.float32)
+                xm3 = xm2
+            if KC > 2:
+                xm2 = xm1
+            xm1, x0, x1, x2, x3 = x0, x1, x2, x3, x4
+            if SILU:
+                acc = acc * tl.sigmoid(acc)
+            n_c = tl.where(t0 + r < T, C, 0)
+            tl.store(out + (t0 + r).to(tl.int64) * stride_o_t + o_c, acc.to(DT), mask=o_c < n_c)
+    # The sequence of the tile's last row: the largest b with qsl[b] <= that row (qsl[0] = 0 keeps it
+    # valid). Starts only grow with b, so if that sequence started KC-1 or more rows before the tile,
+    # every window above stayed inside one sequence.
+    t_last = tl.minimum(t0 + BT, T) - 1
+    lo = t_last * 0
     hi = lo + B
     for _ in range(N_SEARCH):
         mid = (lo + hi) // 2
-        # [BT]
-        b_q = tl.load(qsl + mid)
-        ok = b_q <= o_t
+        ok = tl.load(qsl + mid) <= t_last
         lo = tl.where(ok, mid, lo)
         hi = tl.where(ok, hi, mid)
-    # [BT]
-    b_bos = tl.load(qsl + lo)
-    if tl.min(tl.where(m_t, o_t - b_bos, KC), 0) < KC - 1:
-        # a tile holding one of a sequence's first KC-1 tokens: again, rows before the sequence start
-        # from its state slot (row KC-1+src-bos), or zeros without an initial state
-        b_slot = tl.load(state_slots + lo).to(tl.int64)
-        b_has = tl.load(has_init + lo) != 0
-        acc = tl.zeros([BT, BC], dtype=tl.float32)
-        for j in tl.static_range(KC):
-            o_src = o_t - (KC - 1) + j
-            in_x = o_src >= b_bos
-            p_row = tl.where(in_x, x + o_src.to(tl.int64) * stride_x_t,
-                             conv_states + b_slot * stride_s_slot + (KC - 1 + o_src - b_bos) * C)
-            m_row = m_t & (in_x | b_has)
-            b_x = tl.load(p_row[:, None] + o_c[None, :], mask=m_row[:, None] & m_c[None, :], other=0.)
-            b_w = tl.load(w + o_c * stride_w_c + j, mask=m_c, other=0.).to(tl.float32)
-            acc += b_x.to(tl.float32) * b_w[None, :]
-    if SILU:
-        acc = acc * tl.sigmoid(acc)
-    p_o = out + o_t.to(tl.int64)[:, None] * stride_o_t + o_c[None, :]
-    tl.store(p_o, acc.to(out.dtype.element_ty), mask=m_t[:, None] & m_c[None, :])
+    if (tl.load(qsl + lo) > t0 - KC + 1) | (KC > 4):
+        # Row by row, each tap from x or, before its sequence's start, from the sequence's state slot
+        # (row KC-1+src-bos), or zeros without an initial state. Stores of the rows the window got
+        # right are masked off; the others overwrite what the window wrote, from the same threads
+        # (same [BC] layout), so program order alone orders the two stores.
+        for i_r in range(BT):
+            t = t0 + i_r
+            b = t * 0
+            hi = b + B
+            for _ in range(N_SEARCH):
+                mid = (b + hi) // 2
+                ok = tl.load(qsl + mid) <= t
+                b = tl.where(ok, mid, b)
+                hi = tl.where(ok, hi, mid)
+            bos = tl.load(qsl + b)
+            slot = tl.load(state_slots + b).to(tl.int64)
+            has = tl.load(has_init + b) != 0
+            acc = tl.zeros([BC], dtype=tl.float32)
+            for j in tl.static_range(KC):
+                src = t - (KC - 1) + j
+                in_x = src >= bos
+                p_row = tl.where(in_x, x + src.to(tl.int64) * stride_x_t,
+                                 conv_states + slot * stride_s_slot + (KC - 1 + src - bos) * C)
+                n_c = tl.where((t < T) & (in_x | has), C, 0)
+                b_x = tl.load(p_row + o_c, mask=o_c < n_c, other=0.)
+                acc += _lag_weight(w, o_c, m_c, stride_w_c, KC, KC - 1 - j) * b_x.to(tl.float32)
+            if SILU:
+                acc = acc * tl.sigmoid(acc)
+            redo = (t - bos < KC - 1) | (KC > 4)
+            n_c = tl.where((t < T) & redo, C, 0)
+            tl.store(out + t.to(tl.int64) * stride_o_t + o_c, acc.to(DT), mask=o_c < n_c)
 
 
 @triton.jit

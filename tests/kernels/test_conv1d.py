@@ -39,7 +39,7 @@ def _close(got, want, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("kc,activation,strided", [(4, "silu", False), (4, None, True), (2, "silu", False),
-                                                   (3, "silu", True)])
+                                                   (3, "silu", True), (5, "silu", False)])
 def test_causal_conv1d_matches_reference(dtype, kc, activation, strided):
     gen = torch.Generator().manual_seed(kc * 10 + (activation is None) + 3 * strided)
     lens = [1, 2, 3, 0, 5, 64, 300]  # an empty sequence must keep its state
