@@ -88,7 +88,9 @@ _TABLE = {
     # 6.16 / 2.82, so the row takes both. 2026-11-30: h 1 stage hit an illegal address (Triton
     # 3.6). Scan (the fall-back): windows 7.98 vs 8.71 without at 64K, 8 warps (9.14 at 4), 2 stages;
     # its BV 32 / 4 warps is wrong on the H200 (2.0 relative). Decode BV 64 / 4 warps. sm_80 copies it
-    # unmeasured (no A100 here).
+    # unmeasured (no A100 here). Later, with the serial kernel's state as two 64-row blocks: this row
+    # 0.805 / 5.57 / 2.82; h 2 stages 0.926 / 6.13 / 2.83, h BV 32 0.841 / 6.08 / 3.04, h 8 warps 0.867 /
+    # 6.18 / 3.04 (bench_gdn.py --only sweep-prefill times these fields).
     80: GDNTable(wy_warps=4, wy_dot="tf32", h_bv=64, h_warps=4, h_stages=3, o_bv=128, o_warps=4, o_stages=2,
                  scan_bv=64, scan_warps=8, scan_stages=2, rec_bv=64, rec_warps=4,
                  overlap_max_programs=4096, overlap_min_chunks=256, scan_overlap_max_programs=108),
@@ -181,7 +183,8 @@ def chunk_steps(q, k, v, g, beta, ssm_states, qsl, state_slots, has_init, scale,
     def offsets():
         gdn_chunk_offsets_kernel[(1,)](qsl, cu, nb, BT=BT, BB=128, num_warps=4)
 
-    make = _split_launches if cfg.prefill == "split" else _scan_launches
+    # the split's serial kernel holds the state in 64-row blocks, at most two (dk <= 128, the model's)
+    make = _split_launches if cfg.prefill == "split" and q.shape[2] <= 128 else _scan_launches
     wy, serial, out, n_serial, max_programs, min_chunks = make(q, k, v, g, beta, o, ssm_states, qsl, cu, state_slots,
                                                                has_init, float(scale), bool(use_qk_l2norm), nb, nt, cfg)
     names = ("wy", "h", "o") if out else ("wy", "scan")

@@ -40,7 +40,12 @@ def gdn_chunk_h_kernel(k, w, u, g, kn, vn, hb, ssm, qsl, cu_chunks, state_slots,
                        BK: tl.constexpr, BV: tl.constexpr):
     # the host gives BK >= 64 even for dk = 32 (rows >= K are masked to zero and stay zero in the
     # state), so that the update k^T v_new builds as a wgmma like w S, not as an M = 32 mma.sync
-    # beside it (gated_delta_rule.SPLIT_MIN_BLOCK says what the H200 showed)
+    # beside it (gated_delta_rule.SPLIT_MIN_BLOCK says what the H200 showed). BK = 128 is held as two
+    # 64-row blocks, each product split in two, as flash-linear-attention's kernel does (H200, this
+    # kernel alone at 1 x 8K / 1 x 64K: 0.268 / 2.04 ms as one 128-row block, 0.253 / 1.97 as two;
+    # fla's 0.207 at 1 x 8K).
+    tl.static_assert(BK == 64 or BK == 128, "the split's serial kernel takes dk <= 128")
+    TWO: tl.constexpr = BK == 128
     i_bh, i_v = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // HV, i_bh % HV
     i_hk = i_h // R
@@ -48,15 +53,15 @@ def gdn_chunk_h_kernel(k, w, u, g, kn, vn, hb, ssm, qsl, cu_chunks, state_slots,
     if j1 <= j0:
         return
     o_t = tl.arange(0, 64)
-    o_k = tl.arange(0, BK)
+    o_k = tl.arange(0, 64)
     o_v = i_v * BV + tl.arange(0, BV)
-    m_k = o_k < K
     m_v = o_v < V
-    m_kv = m_k[:, None] & m_v[None, :]
     DT = w.dtype.element_ty
+    # rows 0-63 of the state (and 64-127): [64, BV] each
     p_s = ssm + slot * stride_ssm_slot + i_h * K * V + o_k[:, None] * V + o_v[None, :]
-    # [BK, BV]
-    b_h = tl.load(p_s, mask=(o_k < n_init)[:, None] & m_v[None, :], other=0.)
+    b_h1 = tl.load(p_s, mask=(o_k < n_init)[:, None] & m_v[None, :], other=0.)
+    if TWO:
+        b_h2 = tl.load(p_s + 64 * V, mask=(64 + o_k < n_init)[:, None] & m_v[None, :], other=0.)
     for j in range(j0, j1):
         t = bos + j * 64
         o_tt = (t + o_t).to(tl.int64)
@@ -68,20 +73,32 @@ def gdn_chunk_h_kernel(k, w, u, g, kn, vn, hb, ssm, qsl, cu_chunks, state_slots,
         b_g = tl.load(g + o_tt * stride_g_t + i_h, mask=m_t, other=0.)
         b_gl = tl.sum(b_g, 0)
         b_f = tl.load(kn + o_r, mask=m_t, other=0.) * tl.exp(b_gl - tl.cumsum(b_g, 0))
-        # [BK, 64]
-        b_k = tl.load(k + o_tt[None, :] * stride_k_t + i_hk * stride_k_h + o_k[:, None],
-                      mask=m_k[:, None] & m_t[None, :], other=0.)
-        # [64, BK]
-        b_w = tl.load(w + o_r[:, None] * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
-        # [64, BV]
+        # [64 rows of k, 64 tokens], [64 tokens, 64 columns of w], [64, BV]
+        p_k = k + o_tt[None, :] * stride_k_t + i_hk * stride_k_h + o_k[:, None]
+        p_w = w + o_r[:, None] * K + o_k[None, :]
+        b_k1 = tl.load(p_k, mask=(o_k < K)[:, None] & m_t[None, :], other=0.)
+        b_w1 = tl.load(p_w, mask=m_t[:, None] & (o_k < K)[None, :], other=0.)
+        if TWO:
+            b_k2 = tl.load(p_k + 64, mask=(64 + o_k < K)[:, None] & m_t[None, :], other=0.)
+            b_w2 = tl.load(p_w + 64, mask=m_t[:, None] & (64 + o_k < K)[None, :], other=0.)
         b_u = tl.load(u + o_r[:, None] * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.)
         p_hb = hb + ((j + c0).to(tl.int64) * HV + i_h) * (K * V) + o_k[:, None] * V + o_v[None, :]
-        b_hd = b_h.to(DT)
-        tl.store(p_hb, b_hd, mask=m_kv)
-        b_v = b_u.to(tl.float32) - tl.dot(b_w, b_hd)
+        b_hd1 = b_h1.to(DT)
+        tl.store(p_hb, b_hd1, mask=(o_k < K)[:, None] & m_v[None, :])
+        b_v = b_u.to(tl.float32) - tl.dot(b_w1, b_hd1)
+        if TWO:
+            b_hd2 = b_h2.to(DT)
+            tl.store(p_hb + 64 * V, b_hd2, mask=(64 + o_k < K)[:, None] & m_v[None, :])
+            b_v -= tl.dot(b_w2, b_hd2)
         tl.store(vn + o_r[:, None] * V + o_v[None, :], b_v.to(DT), mask=m_t[:, None] & m_v[None, :])
-        b_h = b_h * tl.exp(b_gl) + tl.dot(b_k, (b_v * b_f[:, None]).to(DT))
-    tl.store(p_s, b_h, mask=m_kv)
+        b_vf = (b_v * b_f[:, None]).to(DT)
+        b_e = tl.exp(b_gl)
+        b_h1 = b_h1 * b_e + tl.dot(b_k1, b_vf)
+        if TWO:
+            b_h2 = b_h2 * b_e + tl.dot(b_k2, b_vf)
+    tl.store(p_s, b_h1, mask=(o_k < K)[:, None] & m_v[None, :])
+    if TWO:
+        tl.store(p_s + 64 * V, b_h2, mask=(64 + o_k < K)[:, None] & m_v[None, :])
 
 
 @triton.jit

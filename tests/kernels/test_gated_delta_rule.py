@@ -79,6 +79,8 @@ CHUNK_CASES = {
     "fp32_dk32_all_init": ([300, 77, 5], 2, 2, 32, 32, torch.float32, 1.0),
     "fp16_dk64_ragged_gqa2": ([1, 63, 300, 65], 2, 2, 64, 64, torch.float16, 0.5),
     "fp32_dk64_no_init": ([129, 7, 200], 1, 2, 64, 64, torch.float32, 0.0),
+    # dk = 96: the split's serial kernel holds two 64-row state blocks, the second one partly masked
+    "fp32_dk96_two_state_blocks": ([130, 5], 1, 2, 96, 32, torch.float32, 0.5),
 }
 PREFILL = ["split", "scan"]
 
