@@ -70,6 +70,19 @@ def _lag_weight(w, o_c, m_c, stride_w_c, KC: tl.constexpr, LAG: tl.constexpr):
 
 
 @triton.jit
+def _seq_of(qsl, B, N_SEARCH, t):
+    """The sequence of token t: the largest b in [0, B) with qsl[b] <= t (qsl[0] = 0 keeps it valid)."""
+    lo = t * 0
+    hi = lo + B
+    for _ in range(N_SEARCH):
+        mid = (lo + hi) // 2
+        ok = tl.load(qsl + mid) <= t
+        lo = tl.where(ok, mid, lo)
+        hi = tl.where(ok, hi, mid)
+    return lo
+
+
+@triton.jit
 def causal_conv1d_fwd_kernel(x, w, conv_states, qsl, state_slots, has_init, out,
                              T, C, B, N_SEARCH, stride_x_t, stride_o_t, stride_s_slot, stride_w_c,
                              KC: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, SILU: tl.constexpr):
@@ -115,31 +128,17 @@ def causal_conv1d_fwd_kernel(x, w, conv_states, qsl, state_slots, has_init, out,
                 acc = acc * tl.sigmoid(acc)
             n_c = tl.where(t0 + r < T, C, 0)
             tl.store(out + (t0 + r).to(tl.int64) * stride_o_t + o_c, acc.to(DT), mask=o_c < n_c)
-    # The sequence of the tile's last row: the largest b with qsl[b] <= that row (qsl[0] = 0 keeps it
-    # valid). Starts only grow with b, so if that sequence started KC-1 or more rows before the tile,
-    # every window above stayed inside one sequence.
-    t_last = tl.minimum(t0 + BT, T) - 1
-    lo = t_last * 0
-    hi = lo + B
-    for _ in range(N_SEARCH):
-        mid = (lo + hi) // 2
-        ok = tl.load(qsl + mid) <= t_last
-        lo = tl.where(ok, mid, lo)
-        hi = tl.where(ok, hi, mid)
-    if (tl.load(qsl + lo) > t0 - KC + 1) | (KC > 4):
+    # Starts only grow with the sequence index, so if the sequence of the tile's last row started KC-1
+    # or more rows before the tile, every window above stayed inside one sequence.
+    b_last = _seq_of(qsl, B, N_SEARCH, tl.minimum(t0 + BT, T) - 1)
+    if (tl.load(qsl + b_last) > t0 - KC + 1) | (KC > 4):
         # Row by row, each tap from x or, before its sequence's start, from the sequence's state slot
         # (row KC-1+src-bos), or zeros without an initial state. Stores of the rows the window got
         # right are masked off; the others overwrite what the window wrote, from the same threads
         # (same [BC] layout), so program order alone orders the two stores.
         for i_r in range(BT):
             t = t0 + i_r
-            b = t * 0
-            hi = b + B
-            for _ in range(N_SEARCH):
-                mid = (b + hi) // 2
-                ok = tl.load(qsl + mid) <= t
-                b = tl.where(ok, mid, b)
-                hi = tl.where(ok, hi, mid)
+            b = _seq_of(qsl, B, N_SEARCH, t)
             bos = tl.load(qsl + b)
             slot = tl.load(state_slots + b).to(tl.int64)
             has = tl.load(has_init + b) != 0
