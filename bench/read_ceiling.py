@@ -2,7 +2,8 @@
 bandwidth fraction should be read against (bench/NOTES.md, issue 5).
 
 Each kernel XORs the int32 weights into registers (no dequantisation, no activations) over the 27B
-shapes' [K/8, N] layout, as fractions of the measured copy bandwidth:
+shapes' [K/8, N] layout (and blocks of the MoE decode's size), as fractions of the measured copy
+bandwidth:
 - ``tiles``: the GEMV's grid (column tiles x split-K ranges of R-row tiles, split toward `waves` x SMs
   programs); ``repacked``: the same, with each R x BN tile stored contiguously (a layout the GEMV could be
   converted to at load time);
@@ -23,7 +24,11 @@ import triton.language as tl
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from bench.common import copy_bandwidth_gbs, device_header, graph_ms, print_table  # noqa: E402
 
-SHAPES = [("gate_up 5120->34816", 5120, 34816), ("down 17408->5120", 17408, 5120)]
+# the 27B dense shapes of bench_gemm.py, and the bytes one MoE decode kernel reads for one token of
+# 35B-A3B (8 experts' gate_up [2048 -> 2 x 512] or down [512 -> 2048], here as one contiguous block)
+SHAPES = [("qkv 5120->14336", 5120, 14336), ("o_proj 6144->5120", 6144, 5120),
+          ("gate_up 5120->34816", 5120, 34816), ("down 17408->5120", 17408, 5120),
+          ("MoE 8 experts gate_up", 2048, 8 * 1024), ("MoE 8 experts down", 512, 8 * 2048)]
 
 
 @triton.jit
@@ -90,7 +95,7 @@ def main():
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for name, k, n in SHAPES:
-        for bn, r in ((64, 64), (64, 16), (256, 16)):
+        for bn, r in ((64, 64), (64, 16), (256, 16)) if k >= 4096 else ((64, 16),):
             for waves in (4, 16):
                 rows.append([name, f"{bn} x {r} rows, split toward {waves} waves",
                              tiles_gbs(k, n, bn, r, waves, False, sms) / bw,
