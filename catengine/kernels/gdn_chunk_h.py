@@ -19,9 +19,12 @@ import triton.language as tl
 
 
 @triton.jit
-def _window(qsl, cu_chunks, state_slots, has_init, c_lo, c_hi, i_b, K: tl.constexpr):
-    """(first token, end, first and end chunk of this launch in the sequence, global index of its
-    first chunk, state slot, rows of the slot to start from: K or 0)."""
+def _window(qsl, cu_chunks, state_slots, has_init, c_lo, c_hi, HV, R, K: tl.constexpr):
+    """This program's (dv block, value head, key head, first token, end, first and end chunk of this
+    launch in its sequence, global index of its first chunk, state slot, rows of the slot to start
+    from: K or 0); the grid is (sequence x value head, dv block)."""
+    i_bh, i_v = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // HV, i_bh % HV
     bos, eos = tl.load(qsl + i_b), tl.load(qsl + i_b + 1)
     c0 = tl.load(cu_chunks + i_b)
     # the global window [c_lo, c_hi) cut to the sequence's chunks
@@ -31,7 +34,7 @@ def _window(qsl, cu_chunks, state_slots, has_init, c_lo, c_hi, i_b, K: tl.conste
     # the slot holds a state to continue from after an earlier window, or when has_initial_state
     # (scalar conditions become row bounds: the interpreter cannot AND a scalar bool into a block)
     n_init = tl.where(j0 > 0, K, tl.where(tl.load(has_init + i_b) != 0, K, 0))
-    return bos, eos, j0, j1, c0, slot, n_init
+    return i_v, i_h, i_h // R, bos, eos, j0, j1, c0, slot, n_init
 
 
 @triton.jit
@@ -46,10 +49,8 @@ def gdn_chunk_h_kernel(k, w, u, g, kn, vn, hb, ssm, qsl, cu_chunks, state_slots,
     # fla's 0.207 at 1 x 8K).
     tl.static_assert(BK == 64 or BK == 128, "the split's serial kernel takes dk <= 128")
     TWO: tl.constexpr = BK == 128
-    i_bh, i_v = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // HV, i_bh % HV
-    i_hk = i_h // R
-    bos, eos, j0, j1, c0, slot, n_init = _window(qsl, cu_chunks, state_slots, has_init, c_lo, c_hi, i_b, K)
+    i_v, i_h, i_hk, bos, eos, j0, j1, c0, slot, n_init = _window(qsl, cu_chunks, state_slots, has_init, c_lo, c_hi,
+                                                                HV, R, K)
     if j1 <= j0:
         return
     o_t = tl.arange(0, 64)
@@ -106,10 +107,8 @@ def gdn_chunk_scan_kernel(q, k, v, x, g, beta, o, ssm, qsl, cu_chunks, state_slo
                           scale, stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_g_t,
                           stride_beta_t, stride_o_t, stride_o_h, stride_ssm_slot, K: tl.constexpr, V: tl.constexpr,
                           BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr):
-    i_bh, i_v = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // HV, i_bh % HV
-    i_hk = i_h // R
-    bos, eos, j0, j1, c0, slot, n_init = _window(qsl, cu_chunks, state_slots, has_init, c_lo, c_hi, i_b, K)
+    i_v, i_h, i_hk, bos, eos, j0, j1, c0, slot, n_init = _window(qsl, cu_chunks, state_slots, has_init, c_lo, c_hi,
+                                                                HV, R, K)
     if j1 <= j0:
         return
     o_t = tl.arange(0, 64)
