@@ -58,7 +58,9 @@ def gdn_chunk_h_kernel(k, w, u, g, kn, vn, hb, ssm, qsl, cu_chunks, state_slots,
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
     DT = w.dtype.element_ty
-    # rows 0-63 of the state (and 64-127): [64, BV] each
+    # rows 0-63 of the state (and 64-127): [64, BV] each, with their masks
+    m_s1 = (o_k < K)[:, None] & m_v[None, :]
+    m_s2 = (64 + o_k < K)[:, None] & m_v[None, :]
     p_s = ssm + slot * stride_ssm_slot + i_h * K * V + o_k[:, None] * V + o_v[None, :]
     b_h1 = tl.load(p_s, mask=(o_k < n_init)[:, None] & m_v[None, :], other=0.)
     if TWO:
@@ -85,11 +87,11 @@ def gdn_chunk_h_kernel(k, w, u, g, kn, vn, hb, ssm, qsl, cu_chunks, state_slots,
         b_u = tl.load(u + o_r[:, None] * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.)
         p_hb = hb + ((j + c0).to(tl.int64) * HV + i_h) * (K * V) + o_k[:, None] * V + o_v[None, :]
         b_hd1 = b_h1.to(DT)
-        tl.store(p_hb, b_hd1, mask=(o_k < K)[:, None] & m_v[None, :])
+        tl.store(p_hb, b_hd1, mask=m_s1)
         b_v = b_u.to(tl.float32) - tl.dot(b_w1, b_hd1)
         if TWO:
             b_hd2 = b_h2.to(DT)
-            tl.store(p_hb + 64 * V, b_hd2, mask=(64 + o_k < K)[:, None] & m_v[None, :])
+            tl.store(p_hb + 64 * V, b_hd2, mask=m_s2)
             b_v -= tl.dot(b_w2, b_hd2)
         tl.store(vn + o_r[:, None] * V + o_v[None, :], b_v.to(DT), mask=m_t[:, None] & m_v[None, :])
         b_vf = (b_v * b_f[:, None]).to(DT)
@@ -97,9 +99,9 @@ def gdn_chunk_h_kernel(k, w, u, g, kn, vn, hb, ssm, qsl, cu_chunks, state_slots,
         b_h1 = b_h1 * b_e + tl.dot(b_k1, b_vf)
         if TWO:
             b_h2 = b_h2 * b_e + tl.dot(b_k2, b_vf)
-    tl.store(p_s, b_h1, mask=(o_k < K)[:, None] & m_v[None, :])
+    tl.store(p_s, b_h1, mask=m_s1)
     if TWO:
-        tl.store(p_s + 64 * V, b_h2, mask=(64 + o_k < K)[:, None] & m_v[None, :])
+        tl.store(p_s + 64 * V, b_h2, mask=m_s2)
 
 
 @triton.jit
