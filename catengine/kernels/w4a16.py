@@ -3,14 +3,16 @@
 Two kernels, picked by M from a per-architecture table:
 
 - ``_w4a16_gemv_kernel`` (decode, M <= table's gemv_max_m; in :mod:`catengine.kernels.w4a16_gemv`,
-  which describes its tiles and weight math): one activation row per program (m_rows > 1 shares
-  a dequantised tile between rows; measured slower), packed half2 math in inline PTX for fp16 and
-  fp32 mantissa-trick math for bf16 and the interpreter, split-K so that even N = 5120 puts
-  enough programs on the chip. On the H200 (bench_gemm.py --gemv-m1 / --gemv-pick) the plain loop
-  beat both a one-tile-ahead register prefetch (double registers, fewer warps) and Triton's
-  cp.async pipelining (``tl.range(num_stages=3..4)``, 1.5-2.5x slower); the table holds the best
-  of the tiles tried (64 x 512, 4 warps, split toward 16 waves). At M = 2 the GEMV (one row per program) beat the GEMM by 5-12%,
-  at M = 4 it lost, hence gemv_max_m 2 on sm_90.
+  which describes its tiles and weight math): m_rows activation rows per program share each
+  dequantised tile, packed half2 math in inline PTX for fp16 and fp32 mantissa-trick math for bf16
+  and the interpreter, split-K so that even N = 5120 puts enough programs on the chip. On the H200
+  (bench_gemm.py --gemv-m1 / --gemv-pick) the plain loop beat both a one-tile-ahead register
+  prefetch (double registers, fewer warps) and Triton's cp.async pipelining (``tl.range(num_stages=
+  3..4)``, 1.5-2.5x slower); the table holds the best of the tiles tried (64 x 512, 4 warps). On
+  sm_90 each GEMV is a programmatic dependent launch (``pdl``): it fetches its first tile while the
+  kernel before it runs out, which took the four 27B shapes at M = 1 from 93.3 to 75.7 us (graphs of
+  8 or more back-to-back calls; bench/NOTES.md). At M = 2 two rows per program beat one (106 against
+  127 us summed) and the GEMM; at M = 4 the GEMM wins by ~4%, hence gemv_max_m 2 on sm_90.
 - ``_w4a16_gemm_kernel`` (M above that): ``tl.dot`` with the dequantised weight as the *first*
   operand (``acc[BN, BM] = W^T x^T``), so that on sm_90 the computed operand may sit in registers
   (wgmma takes only A from registers) while x streams into shared memory; a small M then costs a
@@ -165,6 +167,9 @@ class GemvConfig:
     half2: bool = True      # dense GEMV, fp16: packed half2 weight math (else the fp32 math bf16 uses)
     # dense GEMV with split K: the last split of a tile reduces (no second launch)
     fused_reduce: bool = False
+    # dense GEMV (sm_90 only): a programmatic dependent launch that fetches its first tile while the
+    # kernel before it finishes (w4a16_gemv's PDL); the MoE decode kernels take fused_moe's decode_pdl
+    pdl: bool = False
 
 
 @dataclass(frozen=True)
@@ -189,9 +194,10 @@ MAX_SPLIT_K = 32
 REDUCE_BLOCK = 1024
 
 # The GEMV row: 64 columns x 512 inputs per tile, no prefetch, no pipelining, split toward 16 waves
-# (measured on the H200; sm_80 and sm_70 take it unmeasured, with M = 1 only). On sm_90 the last split
-# of a tile reduces in-kernel: 91.7 against 95.3 us summed over the four 27B shapes at M = 1
-# (bench_gemm.py --gemv-m1), and one launch fewer per linear. sm_70 has no
+# (measured on the H200; sm_80 and sm_70 take it unmeasured, with M = 1 only, no PDL: griddepcontrol
+# needs sm_90). On sm_90 the last split of a tile reduces in-kernel: 91.7 against 95.3 us summed over
+# the four 27B shapes at M = 1 (bench_gemm.py --gemv-m1), and one launch fewer per linear; with PDL,
+# splitting toward 8 waves (80.3 us) edged out 16 (82.4), and 2 rows per program serve M = 2. sm_70 has no
 # cp.async, so its GEMM stages stay at 1-2, and its shared memory (96 KB) bounds the tiles. The sm_90
 # choices come from bench/bench_gemm.py --sweep on an H200. The M <= 32 row (a decode step of 17-32
 # sequences) was timed after that sweep, by hand, against the candidates its M = 32 bucket now lists: BM 32
@@ -209,7 +215,7 @@ TABLES = {
         (256, GemmConfig(64, 128, 64, 4, 3)),
         (1 << 30, GemmConfig(128, 128, 64, 8, 3)),
     )),
-    "sm90": ArchTable(2, GemvConfig(64, 512, 4, 1, 16, prefetch=False, fused_reduce=True), (
+    "sm90": ArchTable(2, GemvConfig(64, 512, 4, 1, 8, m_rows=2, prefetch=False, fused_reduce=True, pdl=True), (
         (16, GemmConfig(16, 64, 128, 4, 3, waves=8)),
         (32, GemmConfig(32, 64, 128, 4, 3, waves=8)),
         (64, GemmConfig(64, 64, 128, 4, 3, waves=4)),
@@ -321,6 +327,7 @@ def w4a16_linear(x, weight: QuantizedWeight, bias=None):
         r, sr = gemv_tile(c, k, g)
         # half2 math needs PTX (not the interpreter) and fp16; x is read as 8-byte words
         f16x2 = c.half2 and x.dtype == torch.float16 and not INTERPRET
+        pdl = c.pdl and not INTERPRET
         if f16x2 and (x2.stride(0) % 4 or x2.data_ptr() % 8):
             # a fresh copy: contiguous() may return the same misaligned view (a single row)
             x2 = torch.empty((m, k), dtype=x2.dtype, device=x2.device).copy_(x2)
@@ -335,7 +342,8 @@ def w4a16_linear(x, weight: QuantizedWeight, bias=None):
             x2, qw, sc, zr, b_arg, y, part, m, n, k, x2.stride(0), y.stride(0), 15, split,
             part if counters is None else counters, G=g, BN=c.BN, R=r, SR=sr, MR=mr, SPLIT=split > 1,
             HAS_BIAS=bias is not None, PREFETCH=c.prefetch, F16X2=f16x2, ASM=not INTERPRET, STAGES=c.num_stages,
-            FUSED_REDUCE=counters is not None, num_warps=c.num_warps, num_stages=c.num_stages)
+            FUSED_REDUCE=counters is not None, PDL=pdl, num_warps=c.num_warps, num_stages=c.num_stages,
+            **({"launch_pdl": True} if pdl else {}))
         if counters is not None:
             return y.reshape(*lead, n)
     else:
@@ -368,7 +376,7 @@ def _signature(dt: str, names: tuple, n_runtime: int) -> dict:
 
 _GEMV_ARGS = ("x_ptr", "qw_ptr", "s_ptr", "z_ptr", "bias_ptr", "y_ptr", "part_ptr", "M", "N", "K",
               "stride_xm", "stride_ym", "nib", "n_split", "count_ptr", "G", "BN", "R", "SR", "MR", "SPLIT",
-              "HAS_BIAS", "PREFETCH", "F16X2", "ASM", "STAGES", "FUSED_REDUCE")
+              "HAS_BIAS", "PREFETCH", "F16X2", "ASM", "STAGES", "FUSED_REDUCE", "PDL")
 _GEMM_ARGS = _GEMV_ARGS[:12] + ("nib2", "G", "BM", "BN", "BK", "SPLIT_K", "GROUP_M", "HAS_BIAS", "INTERPRET")
 
 
@@ -379,13 +387,17 @@ def aot_configs(cc: int) -> list[AotConfig]:
     out = []
     for dt in ("fp16",) + (("bf16",) if cc >= 80 else ()):
         c = table.gemv
-        for split, fused in ((1, False), (4, False), (4, True)):
+        # the rows per program w4a16_linear launches at each M up to gemv_max_m
+        for mr, split, fused in sorted({(min(c.m_rows, 1 if m == 1 else 2 if m == 2 else 4), split, fused)
+                                        for m in range(1, table.gemv_max_m + 1)
+                                        for split, fused in ((1, False), (4, False), (4, True))}):
             r, sr = gemv_tile(c, 5120, 128)
             out.append(AotConfig("_w4a16_gemv_kernel", _signature(dt, _GEMV_ARGS, 15),
-                                 dict(G=128, BN=c.BN, R=r, SR=sr, MR=1, SPLIT=split > 1, HAS_BIAS=split == 1,
+                                 dict(G=128, BN=c.BN, R=r, SR=sr, MR=mr, SPLIT=split > 1, HAS_BIAS=split == 1,
                                       PREFETCH=c.prefetch, F16X2=c.half2 and dt == "fp16", ASM=True,
-                                      STAGES=c.num_stages, FUSED_REDUCE=fused),
-                                 c.num_warps, c.num_stages, f"gemv {dt} split{split}{' fused reduce' * fused}"))
+                                      STAGES=c.num_stages, FUSED_REDUCE=fused, PDL=c.pdl),
+                                 c.num_warps, c.num_stages,
+                                 f"gemv {dt} rows{mr} split{split}{' fused reduce' * fused}"))
         for max_m, c in table.gemm:
             for g in (128, 32):
                 split = 4 if c.waves > 1 else 1

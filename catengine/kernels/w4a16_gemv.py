@@ -335,7 +335,7 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_ptr, M
                        stride_ym, nib, n_split, count_ptr, G: tl.constexpr, BN: tl.constexpr, R: tl.constexpr,
                        SR: tl.constexpr, MR: tl.constexpr, SPLIT: tl.constexpr,
                        HAS_BIAS: tl.constexpr, PREFETCH: tl.constexpr, F16X2: tl.constexpr,
-                       ASM: tl.constexpr, STAGES: tl.constexpr, FUSED_REDUCE: tl.constexpr):
+                       ASM: tl.constexpr, STAGES: tl.constexpr, FUSED_REDUCE: tl.constexpr, PDL: tl.constexpr):
     """MR activation rows per program (each weight tile is dequantised once for all of them), BN
     columns, K range i_s of n_split (SPLIT: n_split > 1, fp32 partials to part_ptr), tiles of 8R
     input features; R divides K / 8 (launcher). The split count is a run-time value so that the
@@ -343,7 +343,13 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_ptr, M
     interpreter); F16X2 (needs ASM and fp16): the half2 weight math.
     F16X2 needs x 8-byte aligned per row (launcher: stride_xm % 4 == 0). FUSED_REDUCE (with SPLIT):
     the last split of each tile sums the partials (count_ptr: one zeroed int32 per program of grid
-    axes 0 and 2) instead of a separate reduce launch."""
+    axes 0 and 2) instead of a separate reduce launch.
+    PDL (sm_90, launched with launch_pdl): a programmatic dependent launch, so the programs start while
+    the kernel before runs out; they fetch their first weight tile (weights, scales and zeros are never
+    written by a kernel) and wait (griddepcontrol.wait: that kernel complete, its stores visible)
+    before reading x or writing anything. Every program at once lets the kernel after start too."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     i_n, i_s, i_m = tl.program_id(0), tl.program_id(1), tl.program_id(2) * MR
     o_n = i_n * BN + tl.arange(0, BN)
     m_n = o_n < N
@@ -358,6 +364,8 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_ptr, M
     if PREFETCH:
         # the next tile's loads go out before this tile's math (masked off past the range)
         b_q, b_a, b_b, b_c = _gemv_tile(qw_ptr, s_ptr, z_ptr, kb_beg * 8 * R, o_n, m_n, N, G, R, SR, F16X2, ASM)
+        if PDL:
+            tl.extra.cuda.gdc_wait()
         for kb in range(kb_beg, kb_end):
             n_q, n_a, n_b, n_c = _gemv_tile(qw_ptr, s_ptr, z_ptr, (kb + 1) * 8 * R, o_n, m_n & (kb + 1 + 0 * o_n < kb_end),
                                             N, G, R, SR, F16X2, ASM)
@@ -367,12 +375,22 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_ptr, M
     elif STAGES > 1:
         # Triton software-pipelines the loads (cp.async into a shared-memory ring of STAGES tiles), so
         # bytes stay in flight without holding registers; the block constants then come by tl.load too
+        if PDL:
+            tl.extra.cuda.gdc_wait()
         for kb in tl.range(kb_beg, kb_end, num_stages=STAGES):
             b_q, b_a, b_b, b_c = _gemv_tile(qw_ptr, s_ptr, z_ptr, kb * 8 * R, o_n, m_n, N, G, R, SR, F16X2, False)
             acc0, acc1, acc2, acc3 = _gemv_rows(acc0, acc1, acc2, acc3, b_q, b_a, b_b, b_c, x_ptr, stride_xm,
                                                 i_m, M, kb * 8 * R, nib, R, SR, MR, F16X2)
     else:
-        for kb in range(kb_beg, kb_end):
+        kb_first = kb_beg
+        if PDL:
+            # the first tile is fetched before the wait (no split is empty, launcher's pick_split)
+            b_q, b_a, b_b, b_c = _gemv_tile(qw_ptr, s_ptr, z_ptr, kb_beg * 8 * R, o_n, m_n, N, G, R, SR, F16X2, ASM)
+            tl.extra.cuda.gdc_wait()
+            acc0, acc1, acc2, acc3 = _gemv_rows(acc0, acc1, acc2, acc3, b_q, b_a, b_b, b_c, x_ptr, stride_xm,
+                                                i_m, M, kb_beg * 8 * R, nib, R, SR, MR, F16X2)
+            kb_first += 1
+        for kb in range(kb_first, kb_end):
             b_q, b_a, b_b, b_c = _gemv_tile(qw_ptr, s_ptr, z_ptr, kb * 8 * R, o_n, m_n, N, G, R, SR, F16X2, ASM)
             acc0, acc1, acc2, acc3 = _gemv_rows(acc0, acc1, acc2, acc3, b_q, b_a, b_b, b_c, x_ptr, stride_xm,
                                                 i_m, M, kb * 8 * R, nib, R, SR, MR, F16X2)

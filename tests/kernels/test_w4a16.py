@@ -247,3 +247,38 @@ def test_gpu_gemv_loops(monkeypatch, k, n, stages, prefetch, half2):
     gemv = dataclasses.replace(tab.gemv, num_stages=stages, prefetch=prefetch, half2=half2)
     monkeypatch.setitem(w4a16.TABLES, "sm90", dataclasses.replace(tab, gemv=gemv))
     check(1, k, n, 128, torch.float16, bias=True, device="cuda", seed=k)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 2, 16])
+@pytest.mark.parametrize("pdl", [False, True])
+def test_gpu_dependent_chain(monkeypatch, m, pdl):
+    """Four linears, each reading the previous one's output, eager and replayed from a CUDA graph.
+    With PDL each GEMV launch (M <= 2) starts while the one before runs out and fetches weights
+    ahead; it must still wait for that output (griddepcontrol.wait) before reading x or writing y.
+    M = 16 and 300 take the GEMM, which follows a PDL GEMV or a GEMM in the usual way."""
+    if w4a16.device_key(torch.device("cuda"))[0] != "sm90":
+        pytest.skip("programmatic dependent launch needs sm_90 (the only table row that uses it)")
+    tab = w4a16.TABLES["sm90"]
+    monkeypatch.setitem(w4a16.TABLES, "sm90", dataclasses.replace(tab, gemv=dataclasses.replace(tab.gemv, pdl=pdl)))
+    k = 4096
+    ws = [make_qweight(k, k, 128, torch.float16, device="cuda", seed=i) for i in range(4)]
+    x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+
+    def chain(h, linear):
+        for w in ws:
+            # back to back, no kernel between (each output's scale is ~0.6 of its input's)
+            h = linear(h, w)
+        return h
+    ref = chain(x, reference.w4a16_linear)
+    assert rel_err(chain(x, w4a16.w4a16_linear), ref) < 4 * TOL[torch.float16]
+    chain(x, w4a16.w4a16_linear)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = chain(x, w4a16.w4a16_linear)
+    for i in range(3):
+        x.copy_(torch.randn(m, k, device="cuda", dtype=torch.float16))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert rel_err(out, chain(x, reference.w4a16_linear)) < 4 * TOL[torch.float16]
