@@ -8,10 +8,14 @@ TFLOP/s, and cuBLAS fp16 (torch.nn.functional.linear on the dequantised weight) 
 MoE table (from bench_moe.py, which also sweeps the MoE decode path): one and four decode tokens (bytes of
 the chosen experts) and 64 tokens against a torch loop over the chosen experts with fp16 weights.
 
+The dense table times ``w4a16_linear``, the op the model calls (w4a16_dequant.py), and names the path it
+took at each M: the GEMV, the fused GEMM, or dequantise + cuBLAS from ``DEQUANT_MIN_M`` rows.
 Every timing replays a CUDA graph of back-to-back calls, as a decode step runs layer after layer:
-launch gaps stay out (both sides), and calls rotate over enough weight copies (or, for MoE decode,
-routings) that the L2 cache (50 MB) cannot serve a weight twice. Each row also checks the output
-against the fp32 twin (rel err). ``--sweep`` first times alternative launch configurations (how the
+launch gaps stay out (both sides), calls rotate over enough weight copies (or, for MoE decode,
+routings) that the L2 cache (50 MB) cannot serve a weight twice, and a graph holds at least
+``common.GRAPH_CALLS`` calls, so that the graph's own start is not charged to one or two calls (and a
+programmatic dependent launch overlaps the call before it, as inside a decode step). Each row also
+checks the output against the fp32 twin (rel err). ``--sweep`` first times alternative launch configurations (how the
 tables were chosen), until the deadline, and the tables after it use the fastest.
 """
 from __future__ import annotations
@@ -25,10 +29,10 @@ import time
 import torch
 import torch.nn.functional as F
 
-from common import copy_bandwidth_gbs, device_header, print_table
+from common import copy_bandwidth_gbs, device_header, print_table, rotated
 
 from catengine.kernels import fused_moe as moe
-from catengine.kernels import w4a16
+from catengine.kernels import w4a16, w4a16_dequant
 from catengine.kernels.packing import QuantizedWeight, dequantize, pack_int4_along_k
 
 DENSE = [("qkv 5120->14336", 5120, 14336), ("o_proj 6144->5120", 6144, 5120),
@@ -72,6 +76,14 @@ def random_qweight(k, n, dtype, seed):
     return QuantizedWeight(pack_int4_along_k(q), s.to(dtype), z.to(dtype), GROUP)
 
 
+def dense_path(m: int) -> str:
+    """Which kernel w4a16_dequant.w4a16_linear runs for m rows on this GPU."""
+    key, _ = w4a16.device_key("cuda")
+    if m <= w4a16.TABLES[key].gemv_max_m:
+        return "GEMV"
+    return "GEMM" if m < w4a16_dequant.DEQUANT_MIN_M[key] else "dequant + cuBLAS"
+
+
 def qbytes(k, n):
     return k * n // 2 + 2 * (k // GROUP) * n * 2
 
@@ -84,24 +96,27 @@ def bench_dense(dtype=torch.float16):
     bw = copy_bandwidth_gbs()
     rows = []
     for name, k, n in DENSE:
+        # one kind of weight in memory at a time: the packed copies, then the dense fp16 copies, then fp32
         ws = [random_qweight(k, n, dtype, i) for i in range(copies_for(qbytes(k, n)))]
+        xs = {m: torch.randn(m, k, device="cuda", dtype=dtype) for m in MS}
+        ours = {m: graph_ms(rotated(ws, lambda w, x=xs[m]: w4a16_dequant.w4a16_linear(x, w))) for m in MS}
         wd = [dequantize(ws[0], dtype).t().contiguous() for _ in range(copies_for(2 * k * n))]
+        peer = {m: graph_ms(rotated(wd, lambda w, x=xs[m]: F.linear(x, w))) for m in MS}
+        del wd
         wf = dequantize(ws[0], torch.float32)
         for m in MS:
-            x = torch.randn(m, k, device="cuda", dtype=dtype)
-            ref = x.float() @ wf
-            err = ((w4a16.w4a16_linear(x, ws[0]).float() - ref).norm() / ref.norm()).item()
+            ref = xs[m].float() @ wf
+            err = ((w4a16_dequant.w4a16_linear(xs[m], ws[0]).float() - ref).norm() / ref.norm()).item()
             del ref
-            t = graph_ms([lambda w=w: w4a16.w4a16_linear(x, w) for w in ws])
-            tc = graph_ms([lambda w=w: F.linear(x, w) for w in wd])
+            t, tc = ours[m], peer[m]
             nbytes = qbytes(k, n) + 2 * m * (k + n)
             flops = 2 * m * n * k
-            rows.append([name, m, t * 1e3, nbytes / t / 1e6 / bw, flops / t / 1e9, tc * 1e3,
+            rows.append([name, m, dense_path(m), t * 1e3, nbytes / t / 1e6 / bw, flops / t / 1e9, tc * 1e3,
                          2 * (m * k + k * n + m * n) / tc / 1e6 / bw, flops / tc / 1e9, tc / t, f"{err:.1e}"])
-        del ws, wd, wf
+        del ws, wf, xs
         torch.cuda.empty_cache()
     print_table(f"W4A16 linear vs cuBLAS fp16 ({dtype}, group {GROUP}, asymmetric)",
-                ["shape", "M", "ours us", "ours BW/copy", "ours TFLOP/s", "cuBLAS us", "cuBLAS BW/copy",
+                ["shape", "M", "path", "ours us", "ours BW/copy", "ours TFLOP/s", "cuBLAS us", "cuBLAS BW/copy",
                  "cuBLAS TFLOP/s", "speedup", "rel err"], rows)
 
 
@@ -195,6 +210,12 @@ GEMV_CANDIDATES = [
     ("128x512 w4 wv16 noprefetch fused reduce", _GV(128, 512, 4, 1, 16, prefetch=False, fused_reduce=True)),
     ("32x512 w4 wv16 noprefetch fused reduce", _GV(32, 512, 4, 1, 16, prefetch=False, fused_reduce=True)),
     ("64x512 w4 s3 wv8 fused reduce", _GV(64, 512, 4, 3, 8, prefetch=False, fused_reduce=True)),
+    # programmatic dependent launch: each call fetches its first tile while the previous one runs out
+    ("64x512 w4 wv16 fused reduce PDL", _GV(64, 512, 4, 1, 16, prefetch=False, fused_reduce=True, pdl=True)),
+    ("64x512 w4 wv8 fused reduce PDL", _GV(64, 512, 4, 1, 8, prefetch=False, fused_reduce=True, pdl=True)),
+    ("64x512 w4 wv32 fused reduce PDL", _GV(64, 512, 4, 1, 32, prefetch=False, fused_reduce=True, pdl=True)),
+    ("64x256 w4 wv16 prefetch fused reduce PDL", _GV(64, 256, 4, 1, 16, prefetch=True, fused_reduce=True, pdl=True)),
+    ("64x1024 w8 wv16 fused reduce PDL", _GV(64, 1024, 8, 1, 16, prefetch=False, fused_reduce=True, pdl=True)),
     ("fp32 math 64x512 w4 wv16 fused reduce", _GV(64, 512, 4, 1, 16, prefetch=False, half2=False, fused_reduce=True)),
 ]
 
@@ -213,7 +234,7 @@ def sweep_gemv_dense(dtype=torch.float16, small_m=(2, 4)):
         for m in (1,) + tuple(small_m):
             x = torch.randn(m, k, device="cuda", dtype=dtype)
             ref = x.float() @ wf
-            tc = graph_ms([lambda w=w: F.linear(x, w) for w in wd], reps=5)
+            tc = graph_ms(rotated(wd, lambda w: F.linear(x, w)), reps=5)
             if m == 1:
                 cands = GEMV_CANDIDATES
             else:
@@ -222,11 +243,13 @@ def sweep_gemv_dense(dtype=torch.float16, small_m=(2, 4)):
                 cands = [("GEMM (table)", None)] + [(f"{best} rows{r}", dataclasses.replace(c1, m_rows=r))
                                                     for r in (1, 2, 4) if r <= m]
             for label, c in cands:
-                t_ = tab if c is None else dataclasses.replace(tab, gemv=c, gemv_max_m=4)
+                # the GEMM row: M above gemv_max_m
+                t_ = (dataclasses.replace(tab, gemv_max_m=1) if c is None
+                      else dataclasses.replace(tab, gemv=c, gemv_max_m=4))
                 with patched(w4a16, key, t_):
                     try:
                         err = ((w4a16.w4a16_linear(x, ws[0]).float() - ref).norm() / ref.norm()).item()
-                        t = graph_ms([lambda w=w: w4a16.w4a16_linear(x, w) for w in ws], reps=5)
+                        t = graph_ms(rotated(ws, lambda w: w4a16.w4a16_linear(x, w)), reps=5)
                     except Exception as e:
                         rows.append([name, m, label, f"failed: {type(e).__name__}: {str(e)[:60]}"])
                         torch.cuda.synchronize()

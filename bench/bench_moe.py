@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from bench_gemm import GROUP, _pick, graph_ms, patched, qbytes
-from common import copy_bandwidth_gbs, device_header, print_table
+from common import copy_bandwidth_gbs, device_header, print_table, rotated
 
 from catengine.kernels import fused_moe as moe
 from catengine.kernels import moe_route as route
@@ -71,7 +71,7 @@ def bench_moe(dtype=torch.float16):
         x = torch.randn(t, HID, device="cuda", dtype=dtype)
         ref = reference.fused_moe(x, w13, w2, *routes[0]).float()
         err = ((moe.fused_moe(x, w13, w2, *routes[0]).float() - ref).norm() / ref.norm()).item()
-        tm = graph_ms([lambda r=r: moe.fused_moe(x, w13, w2, *r) for r in routes])
+        tm = graph_ms(rotated(routes, lambda r: moe.fused_moe(x, w13, w2, *r)))
         tp = graph_ms([torch_expert_loop(x, w13d, w2d, *r) for r in routes[:4]], reps=5)
         n_exp = statistics.mean(r[1].unique().numel() for r in routes)
         nbytes = n_exp * expert_bytes + 2 * t * HID * 2
