@@ -15,8 +15,8 @@ launch gaps stay out (both sides), calls rotate over enough weight copies (or, f
 routings) that the L2 cache (50 MB) cannot serve a weight twice, and a graph holds at least
 ``common.GRAPH_CALLS`` calls, so that the graph's own start is not charged to one or two calls (and a
 programmatic dependent launch overlaps the call before it, as inside a decode step). Each row also
-checks the output against the fp32 twin (rel err). ``--sweep`` first times alternative launch configurations (how the
-tables were chosen), until the deadline, and the tables after it use the fastest.
+checks the output against the fp32 twin (rel err). ``--sweep`` first times alternative launch
+configurations (how the tables were chosen), until the deadline, and the tables after it use the fastest.
 """
 from __future__ import annotations
 

@@ -278,6 +278,12 @@ def gemv_tile(c: GemvConfig, k: int, group: int) -> tuple[int, int]:
     return r, gemv_thread_rows(r, sr, c.BN, c.num_warps)
 
 
+def gemv_rows_per_program(c: GemvConfig, m: int) -> int:
+    """The MR the dense GEMV runs with for m activation rows: c.m_rows, capped at the kernel's 1, 2
+    or 4-row forms."""
+    return min(c.m_rows, 1 if m == 1 else 2 if m == 2 else 4)
+
+
 def gemv_block_k(bk: int, k: int) -> int:
     """The GEMV reads each int32's own group, so its BK only has to divide K (K % 8 == 0)."""
     while k % bk:
@@ -331,7 +337,7 @@ def w4a16_linear(x, weight: QuantizedWeight, bias=None):
         if f16x2 and (x2.stride(0) % 4 or x2.data_ptr() % 8):
             # a fresh copy: contiguous() may return the same misaligned view (a single row)
             x2 = torch.empty((m, k), dtype=x2.dtype, device=x2.device).copy_(x2)
-        mr = min(c.m_rows, 1 if m == 1 else 2 if m == 2 else 4)
+        mr = gemv_rows_per_program(c, m)
         tiles = triton.cdiv(n, c.BN) * triton.cdiv(m, mr)
         split = pick_split(tiles, k // (8 * r), c.waves, sms)
         part = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else y
@@ -388,7 +394,7 @@ def aot_configs(cc: int) -> list[AotConfig]:
     for dt in ("fp16",) + (("bf16",) if cc >= 80 else ()):
         c = table.gemv
         # the rows per program w4a16_linear launches at each M up to gemv_max_m
-        for mr, split, fused in sorted({(min(c.m_rows, 1 if m == 1 else 2 if m == 2 else 4), split, fused)
+        for mr, split, fused in sorted({(gemv_rows_per_program(c, m), split, fused)
                                         for m in range(1, table.gemv_max_m + 1)
                                         for split, fused in ((1, False), (4, False), (4, True))}):
             r, sr = gemv_tile(c, 5120, 128)
