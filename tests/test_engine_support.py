@@ -20,7 +20,7 @@ def write_tiny_model(out, *, seed: int = 0, vocab_size: int = TINY_VOCAB, full_a
     into one repeated token: a scheduling bug then changes the output."""
     import transformers
 
-    from catengine.demo import demo_model_path
+    from catengine.tools.demo import demo_model_path
 
     layer_types = ["full_attention" if (i + 1) % full_attention_every == 0 else "linear_attention"
                    for i in range(num_layers)]
@@ -78,7 +78,7 @@ def tiny_model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def demo_dir():
-    from catengine.demo import demo_model_path
+    from catengine.tools.demo import demo_model_path
     return demo_model_path()
 
 

@@ -12,7 +12,7 @@ from catengine.models import ModelConfig, load_model
 from catengine.models.batch import BatchMetadata
 from catengine.models.loader import INDEX_FILE, checkpoint_names, iter_checkpoint
 from catengine.models.quant_formats import matches_skip
-from catengine.quantize import quantize_checkpoint, rtn_quantize
+from catengine.tools.quantize import quantize_checkpoint, rtn_quantize
 
 from .helpers import build_hf_model
 

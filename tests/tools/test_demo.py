@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from catengine import demo
+from catengine.tools import demo
 from catengine.chat_template import CHAT_TEMPLATE
 
 
