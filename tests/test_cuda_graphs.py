@@ -12,8 +12,8 @@ import torch
 
 from catengine import Engine, SamplingParams
 from catengine.cuda_graphs import graph_batch_sizes
+from tests.support import assert_clean
 from tests.test_engine import PROMPTS, _engine
-from tests.test_engine_support import assert_clean, tiny_model_dir  # noqa: F401
 
 
 def test_graph_batch_sizes():
