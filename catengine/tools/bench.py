@@ -232,6 +232,7 @@ def run_engine_sections(preset: str, path: Path, args, sizes: Sizes, sections: s
     return res
 
 
+# ----------------------------------------------------------------------------- the run
 def parse_sections(text: str, transformers: bool = False, correctness: bool = False) -> list[str]:
     chosen: list[str] = []
     for item in (s.strip() for s in text.split(",") if s.strip()):
