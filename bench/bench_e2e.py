@@ -1,4 +1,4 @@
-"""End-to-end benchmark of issue 8 (thin wrapper: the logic is `catengine bench`, catengine/bench_cli.py).
+"""End-to-end benchmark of issue 8 (thin wrapper: the logic is `catengine bench`, catengine/tools/bench.py).
 
     python3 bench/bench_e2e.py --device cuda --out bench_e2e.json              # 27B + 35B-A3B, engine sections
     python3 bench/bench_e2e.py --sections all --model-preset qwen3.5-27b       # + transformers + correctness

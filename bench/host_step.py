@@ -22,7 +22,7 @@ from catengine import Engine, SamplingParams  # noqa: E402
 
 
 def tiny_checkpoint() -> Path:
-    from tests.test_engine_support import write_tiny_model
+    from catengine.tools.tiny_model import write_tiny_model
     path = Path("/tmp/catengine-host-step-model")
     if not (path / "config.json").exists():
         path.mkdir(parents=True, exist_ok=True)

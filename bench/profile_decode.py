@@ -20,7 +20,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from catengine import Engine, SamplingParams
-from catengine.random_checkpoint import write_random_checkpoint
+from catengine.tools.random_checkpoint import write_random_checkpoint
 
 
 def checkpoint(preset: str, layers: int) -> Path:

@@ -61,7 +61,7 @@ class Engine:
 
         device = resolve_device(config.device)
         if config.model is None:
-            from .demo import demo_model_path
+            from .tools.demo import demo_model_path
             path = Path(demo_model_path())
         else:
             path = Path(config.model).expanduser()

@@ -12,8 +12,8 @@ import torch
 
 from catengine import Engine, SamplingParams
 from catengine.cuda_graphs import graph_batch_sizes
+from tests.support import assert_clean
 from tests.test_engine import PROMPTS, _engine
-from tests.test_engine_support import assert_clean, tiny_model_dir  # noqa: F401
 
 
 def test_graph_batch_sizes():
@@ -114,8 +114,8 @@ def test_close_drops_the_graphs(tiny_model_dir):
 def test_padded_buffers_with_awq_moe_and_fp8_kv(tmp_path, preset, kv):
     """Padding rows through MoE routing (they route somewhere, their outputs are dropped), AWQ linears
     and an fp8 KV store (slot -1 writes nothing)."""
-    from catengine.bench_cli import BENCH_PRESETS
-    from catengine.random_checkpoint import write_random_checkpoint
+    from catengine.tools.bench_common import BENCH_PRESETS
+    from catengine.tools.random_checkpoint import write_random_checkpoint
     spec, group = BENCH_PRESETS[preset]
     path = write_random_checkpoint(tmp_path / preset, spec, quant="awq", group_size=group, progress=False)
     kw = dict(model=str(path), max_model_len=1024, max_num_seqs=16, kv_cache_dtype=kv, kv_cache_memory_bytes=64 << 20)

@@ -7,7 +7,10 @@ import random
 import pytest
 
 from catengine import Engine, SamplingParams
-from tests.test_engine_support import TINY_VOCAB, assert_clean, single_thread, tiny_model_dir  # noqa: F401
+from catengine.tools.tiny_model import TINY_VOCAB
+from tests.support import assert_clean
+
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 MAX_TOKENS = 6
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)

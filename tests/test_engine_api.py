@@ -7,7 +7,9 @@ import pytest
 
 from catengine import Engine, EngineConfig, SamplingParams
 from catengine.errors import ConfigError, ContextTooLong, InvalidRequest
-from tests.test_engine_support import assert_clean, single_thread, tiny_model_dir  # noqa: F401
+from tests.support import assert_clean
+
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.fixture(scope="module")

@@ -64,8 +64,8 @@ def test_decode_cuda_graphs_replay_the_padded_eager_step():
 def test_graphs_with_awq_moe_and_fp8_kv(tmp_path, preset, kv):
     """AWQ MoE (routing, fused experts, shared expert) and an fp8 KV cache replay from graphs exactly as
     their padded eager step."""
-    from catengine.bench_cli import BENCH_PRESETS
-    from catengine.random_checkpoint import write_random_checkpoint
+    from catengine.tools.bench_common import BENCH_PRESETS
+    from catengine.tools.random_checkpoint import write_random_checkpoint
     spec, group = BENCH_PRESETS[preset]
     path = write_random_checkpoint(tmp_path / preset, spec, quant="awq", group_size=group, device="cuda",
                                    progress=False)

@@ -7,7 +7,9 @@ import pytest
 
 from catengine import AsyncEngine, Engine, SamplingParams
 from catengine.errors import ContextTooLong, EngineDead
-from tests.test_engine_support import assert_clean, single_thread, tiny_model_dir  # noqa: F401
+from tests.support import assert_clean
+
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 

@@ -85,7 +85,7 @@ def _build_byte_fallback(path):
 @pytest.fixture(scope="session")
 def demo_dir():
     # tests/conftest.py points CATENGINE_CACHE at a per-session folder: one demo build for the whole run
-    from catengine import demo
+    from catengine.tools import demo
     return demo.demo_model_path()
 
 

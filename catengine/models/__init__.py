@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from .config import ModelConfig
+from .model_config import ModelConfig
 from .registry import MODEL_REGISTRY, model_class
 
 __all__ = ["ModelConfig", "MODEL_REGISTRY", "model_class", "load_model"]

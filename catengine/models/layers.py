@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from ..kernels import ops
 from .batch import AttentionCache, BatchMetadata, GDNStateCache
-from .config import ModelConfig
+from .model_config import ModelConfig
 from .linear import Linear, MergedLinear, WeightSlots
 
 

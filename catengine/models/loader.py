@@ -33,7 +33,7 @@ from safetensors import safe_open
 
 from ..errors import ModelLoadError
 from ..kernels.packing import QuantizedWeight
-from .config import ModelConfig
+from .model_config import ModelConfig
 from .quant_formats import QUANT_PARTS, awq_to_canonical, ct_to_canonical, matches_skip, module_format
 
 log = logging.getLogger(__name__)

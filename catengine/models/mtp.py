@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from .batch import AttentionCache, BatchMetadata
-from .config import ModelConfig
+from .model_config import ModelConfig
 from .layers import DecoderLayer, Norm
 from .linear import Linear, WeightSlots
 

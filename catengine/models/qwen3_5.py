@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from ..errors import ConfigError
 from ..kernels import ops
 from .batch import AttentionCache, BatchMetadata, GDNStateCache, ModelCaches
-from .config import ModelConfig
+from .model_config import ModelConfig
 from .layers import DecoderLayer, Norm
 from .linear import WeightSlots
 from .mtp import MTPHead

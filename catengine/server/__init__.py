@@ -1,1 +1,1 @@
-"""The OpenAI-compatible HTTP server: ``catengine serve`` (see ``cli.py``) builds ``app.build_app``."""
+"""The OpenAI-compatible HTTP server: ``catengine serve`` (see ``catengine/cli/serve.py``) builds ``app.build_app``."""

@@ -14,7 +14,7 @@ from typing import Any, AsyncIterator
 import msgspec
 
 from ..errors import InvalidRequest
-from .outputs import ChatChoiceProcessor, chat_logprobs
+from .choices import ChatChoiceProcessor, chat_logprobs
 from .protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
                        ChatCompletionResponse, DeltaMessage, NamedToolChoice, ResponseMessage,
                        UsageInfo)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from ..errors import InvalidRequest
-from .outputs import completion_logprobs
+from .choices import completion_logprobs
 from .protocol import (CompletionChoice, CompletionChunk, CompletionChunkChoice, CompletionRequest,
                        CompletionResponse, UsageInfo)
 from .serving import Job, ServerContext, check_token_ids

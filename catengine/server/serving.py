@@ -19,7 +19,7 @@ from typing import Any, AsyncIterator
 from ..errors import CapacityExceeded, CatEngineError, EngineDead, InvalidRequest
 from ..metrics import Metrics
 from ..sampling import SamplingParams
-from .outputs import TokenTexts
+from .choices import TokenTexts
 
 log = logging.getLogger("catengine.server")
 

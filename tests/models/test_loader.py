@@ -12,12 +12,13 @@ from catengine.models import ModelConfig, load_model
 from catengine.models.batch import BatchMetadata
 from catengine.models.loader import INDEX_FILE, checkpoint_names, iter_checkpoint
 from catengine.models.quant_formats import matches_skip
-from catengine.quantize import quantize_checkpoint, rtn_quantize
+from catengine.tools.quantize import quantize_checkpoint, rtn_quantize
 
 from .helpers import build_hf_model
 
 MULTIMODAL_ARCH = {False: "Qwen3_5ForConditionalGeneration", True: "Qwen3_5MoeForConditionalGeneration"}
-# Linears the quantizer turns to 4 bits when the group size divides their input dimension (QWEN35.md)
+# Linears the quantizer turns to 4 bits when the group size divides their input dimension (the design notes,
+# ../shared/design/QWEN35.md)
 QUANTIZED_SUFFIXES = ("in_proj_qkv.weight", "in_proj_z.weight", "out_proj.weight", "q_proj.weight", "k_proj.weight",
                       "v_proj.weight", "o_proj.weight", "gate_proj.weight", "up_proj.weight", "down_proj.weight",
                       "experts.gate_up_proj", "experts.down_proj")

@@ -1,5 +1,6 @@
 """AutoAWQ GEMM and compressed-tensors pack-quantized <-> canonical QuantizedWeight: bit-exact against each
-format's own dequantization, written here element by element from the format descriptions (QWEN35.md)."""
+format's own dequantization, written here element by element from the format descriptions (the design notes,
+../shared/design/QWEN35.md)."""
 import numpy as np
 import pytest
 import torch

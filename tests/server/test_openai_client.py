@@ -63,7 +63,7 @@ def client(server):
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from catengine.demo import demo_model_path
+    from catengine.tools.demo import demo_model_path
     from catengine.tokenizer import Tokenizer
     return Tokenizer(demo_model_path())
 

@@ -13,11 +13,11 @@ import asyncio
 import logging
 import sys
 
-from .errors import CatEngineError
+from ..errors import CatEngineError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from .server.cli import add_engine_arguments
+    from .serve import add_engine_arguments
     p.add_argument("prompt", help="the prompt text (or the user message with --chat); '-' reads stdin")
     add_engine_arguments(p)
     p.add_argument("--chat", action="store_true", help="treat the prompt as a user message (chat template)")
@@ -40,9 +40,9 @@ def run(args: argparse.Namespace) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     try:
-        from .async_engine import AsyncEngine
-        from .sampling import SamplingParams
-        from .server.cli import engine_kwargs
+        from ..async_engine import AsyncEngine
+        from ..sampling import SamplingParams
+        from .serve import engine_kwargs
         engine = AsyncEngine(**engine_kwargs(args))
     except CatEngineError as e:
         print(f"catengine generate: {e}", file=sys.stderr)

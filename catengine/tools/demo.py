@@ -7,7 +7,7 @@ ChatML template with thinking and tool calls (:mod:`catengine.chat_template`) an
 (about 32 MB in bf16). Its answers are noise; everything around them (tokenization, templates,
 parsers, scheduling, caches) is exercised exactly as with a published checkpoint.
 
-Public API: :func:`demo_model_path`. ``python -m catengine.demo`` builds the directory and prints its path.
+Public API: :func:`demo_model_path`. ``python -m catengine.tools.demo`` builds the directory and prints its path.
 """
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from .chat_template import CHAT_TEMPLATE
-from .errors import ModelLoadError
+from ..chat_template import CHAT_TEMPLATE
+from ..errors import ModelLoadError
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,6 @@
-"""`catengine serve | generate | quantize | bench`: each subcommand lives in its own module."""
+"""`catengine serve | generate | quantize | bench`: each subcommand lives in its own module of this package (its
+flags and its ``run``); what a subcommand does beyond parsing lives in the runtime (serve, generate) or in
+:mod:`catengine.tools` (quantize, bench)."""
 from __future__ import annotations
 
 import argparse
@@ -7,10 +9,10 @@ import sys
 
 # subcommand -> (module, help). Each module defines add_arguments(parser) and run(args) -> int.
 SUBCOMMANDS = {
-    "serve": ("catengine.server.cli", "start the OpenAI-compatible server (no --model: the demo model)"),
-    "generate": ("catengine.generate_cli", "generate once from a prompt and print the text"),
-    "quantize": ("catengine.quantize", "write a round-to-nearest 4-bit AWQ or compressed-tensors checkpoint"),
-    "bench": ("catengine.bench_cli", "end-to-end benchmark on random-weight checkpoints (GPU)"),
+    "serve": ("catengine.cli.serve", "start the OpenAI-compatible server (no --model: the demo model)"),
+    "generate": ("catengine.cli.generate", "generate once from a prompt and print the text"),
+    "quantize": ("catengine.cli.quantize", "write a round-to-nearest 4-bit AWQ or compressed-tensors checkpoint"),
+    "bench": ("catengine.cli.bench", "end-to-end benchmark on random-weight checkpoints (GPU)"),
 }
 
 
@@ -32,7 +34,3 @@ def main(argv: list[str] | None = None) -> int:
             modules[name].add_arguments(p)
     args = parser.parse_args(argv)
     return int(modules[args.command].run(args) or 0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -20,7 +20,7 @@ nothing would make an fp16-vs-fp32 comparison unable to fail); (1+w) norms N(0, 
 stays near that range; router logits ~N(0, 9); shared-expert gate / in_proj_b logits ~N(0, 1); lm_head logits
 ~N(0, 1).
 
-CLI: ``python -m catengine.random_checkpoint DST --preset qwen3.5-27b --quant awq [--device cuda] [--layers N]``.
+CLI: ``python -m catengine.tools.random_checkpoint DST --preset qwen3.5-27b --quant awq [--device cuda] [--layers N]``.
 """
 from __future__ import annotations
 
@@ -35,8 +35,8 @@ from pathlib import Path
 
 import torch
 
-from .errors import CatEngineError, ConfigError
-from .models.quant_formats import canonical_to_awq
+from ..errors import CatEngineError, ConfigError
+from ..models.quant_formats import canonical_to_awq
 from .quantize import quantization_config, is_quantizable, ShardWriter, skip_list, rtn_quantize
 
 _COMMON = dict(
@@ -47,7 +47,7 @@ _COMMON = dict(
 )
 _MOE = dict(num_experts_per_tok=8, num_experts=256, norm_topk_prob=True, router_aux_loss_coef=0.001,
             output_router_logits=False)
-# QWEN35.md "Sizes"
+# the design notes (../shared/design/QWEN35.md), "Sizes"
 PRESETS: dict[str, dict] = {
     "qwen3.5-27b": dict(hidden_size=5120, num_hidden_layers=64, num_attention_heads=24, num_key_value_heads=4,
                         linear_num_key_heads=16, linear_num_value_heads=48, intermediate_size=17408),
@@ -342,7 +342,7 @@ _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torc
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m catengine.random_checkpoint",
+    ap = argparse.ArgumentParser(prog="python -m catengine.tools.random_checkpoint",
                                  description="write a random-weight Qwen3.5/3.6 checkpoint with real dimensions")
     ap.add_argument("dst", metavar="DST", help="output directory (new or empty)")
     ap.add_argument("--preset", default="qwen3.5-27b", help=f"one of {sorted(PRESETS)} (default qwen3.5-27b)")

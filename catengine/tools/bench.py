@@ -16,8 +16,10 @@ prefix caching off, the median of ``--reps`` runs after one warm-up of the same 
   KV at the context, GDN states read + written) / measured copy bandwidth, and decode as a fraction of it;
 - ``kv_fp8``: incremental decode TPS at 32K with fp16 vs fp8_e5m2 KV;
 - ``cuda_graphs``: short-context batch-1 incremental decode TPS with decode CUDA graphs vs ``enforce_eager``;
-- ``transformers`` / ``correctness`` (``--transformers`` / ``--correctness``): :mod:`catengine.bench_correctness`.
-The vLLM 0.25 figures of issue 8 (same kind of checkpoints, same H200) are printed beside ours.
+- ``transformers`` / ``correctness`` (``--transformers`` / ``--correctness``): :mod:`catengine.tools.correctness`.
+The vLLM 0.25 figures of issue 8 (same kind of checkpoints, same H200) are printed beside ours. The flags are parsed
+in :mod:`catengine.cli.bench`; the presets and checkpoints shared with the correctness sections are in
+:mod:`catengine.tools.bench_common`.
 """
 from __future__ import annotations
 
@@ -33,28 +35,10 @@ from pathlib import Path
 
 import torch
 
-from .errors import ConfigError
+from ..errors import ConfigError
+from .bench_common import (PEERS, checkpoint, incremental_tps, print_table, random_prompts, resolve_preset,
+                           sync_device)
 
-# issue 8, "What the peer reaches on this H200": vLLM 0.25.0, fp16, CUDA graphs; transformers 5.17 fp16 batch 1
-PEERS = {
-    "qwen3.5-27b": {"decode_b1_short": 97.3, "decode_b1_long": 100.0, "prefill_8192": 12378.0,
-                    "concurrent_32": 1731.0, "transformers_fp16_b1": 8.4},
-    "qwen3.6-35b-a3b": {"decode_b1_short": 218.6, "decode_b1_long": 231.3, "prefill_8192": 42727.0,
-                        "concurrent_32": 3577.0},
-}
-_TINY = dict(vocab_size=512, hidden_size=128, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1,
-             head_dim=64, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
-             linear_value_head_dim=32, max_position_embeddings=4096)
-# (text_config overrides or a preset name, AWQ group size)
-BENCH_PRESETS: dict[str, tuple[str | dict, int]] = {
-    "qwen3.5-27b": ("qwen3.5-27b", 128),
-    "qwen3.6-35b-a3b": ("qwen3.6-35b-a3b", 128),
-    "qwen3.5-122b-a10b": ("qwen3.5-122b-a10b", 128),
-    "tiny-dense": (dict(base="qwen3.5-27b", intermediate_size=256, **_TINY), 32),
-    "tiny-moe": (dict(base="qwen3.6-35b-a3b", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
-                      shared_expert_intermediate_size=64, **_TINY), 32),
-}
-ALIASES = {"qwen3.6-27b": "qwen3.5-27b", "qwen3.5-35b-a3b": "qwen3.6-35b-a3b"}
 ENGINE_SECTIONS = ("decode", "prefill", "concurrent", "roofline", "kv_fp8", "cuda_graphs")
 SECTIONS = ENGINE_SECTIONS + ("transformers", "correctness")
 
@@ -88,36 +72,7 @@ QUICK = Sizes(short_ctx=16, long_ctx=40, decode_tokens=3, reps=1, prefill_lens=(
               corr_hidden=128, bandwidth_bytes=32 << 20)
 
 
-# ----------------------------------------------------------------------------- pure helpers
-def incremental_tps(lat_n: list[float], lat_1: list[float], n: int) -> float:
-    """``(n - 1) / (median(lat_n) - median(lat_1))``: decode tokens per second with prefill and the first token
-    cancelled. NaN when the difference is not positive (noise larger than the decode time: raise n or reps)."""
-    if n < 2:
-        raise ValueError(f"incremental TPS needs n >= 2 generated tokens, got {n}")
-    if not lat_n or not lat_1:
-        raise ValueError("incremental TPS needs at least one latency for each length")
-    diff = statistics.median(lat_n) - statistics.median(lat_1)
-    return (n - 1) / diff if diff > 0 else float("nan")
-
-
-def print_table(title: str, header: list[str], rows: list[list], file=None) -> str:
-    """Print (and return) a Markdown table, numbers formatted compactly."""
-    def fmt(v):
-        if isinstance(v, float):
-            return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
-        return "-" if v is None else str(v)
-    lines = [f"### {title}", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
-    text = "\n".join(lines)
-    print(text, file=file, flush=True)
-    return text
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
+# ----------------------------------------------------------------------------- roofline inputs
 def measure_copy_bandwidth(device="cuda", nbytes: int = 2 << 30, reps: int = 5) -> float:
     """Device-to-device copy bandwidth in GB/s, counting bytes read plus bytes written (median of ``reps``)."""
     device = torch.device(device)
@@ -125,11 +80,11 @@ def measure_copy_bandwidth(device="cuda", nbytes: int = 2 << 30, reps: int = 5) 
     dst = torch.empty_like(src)
     times, batch = [], 8  # copies back to back between syncs: the sync's latency stays out of the number
     for i in range(reps + 1):
-        _sync(device)
+        sync_device(device)
         t0 = time.perf_counter()
         for _ in range(batch):
             dst.copy_(src)
-        _sync(device)
+        sync_device(device)
         if i:  # the first batch pages memory in
             times.append((time.perf_counter() - t0) / batch)
     return 2 * src.numel() / statistics.median(times) / 1e9
@@ -160,39 +115,11 @@ def decode_weight_bytes(sizes: dict[str, int], num_experts: int = 0, top_k: int 
     return int(total)
 
 
-def random_prompts(rng: random.Random, count: int, length: int, vocab: int) -> list[list[int]]:
-    hi = min(vocab, 150_000)  # below the special tokens of the real vocabulary
-    return [[rng.randrange(hi) for _ in range(length)] for _ in range(count)]
-
-
-# ----------------------------------------------------------------------------- checkpoints
-def resolve_preset(name: str) -> str:
-    key = ALIASES.get(name.lower(), name.lower())
-    if key not in BENCH_PRESETS:
-        raise ConfigError(f"unknown --model-preset {name!r}; use one of {sorted(BENCH_PRESETS)}")
-    return key
-
-
-def checkpoint(workdir: Path, preset: str, quant: str | None, device: str, spec=None, tag: str = "") -> Path:
-    """The random checkpoint of ``preset`` under ``workdir``, written unless a complete copy is there."""
-    import shutil
-
-    from .random_checkpoint import write_random_checkpoint
-    cfg, group = BENCH_PRESETS[preset] if spec is None else (spec, 128)
-    dst = Path(workdir) / f"{preset}{tag}-{quant or 'fp16'}-g{group}-{torch.device(device).type}"
-    if (dst / "config.json").exists():
-        return dst
-    if dst.exists():  # an interrupted write (config.json comes last)
-        shutil.rmtree(dst)
-    print(f"writing {dst} ...", flush=True)
-    return write_random_checkpoint(dst, cfg, quant=quant, group_size=group, device=device, progress=False)
-
-
 # ----------------------------------------------------------------------------- engine sections
 class EngineBench:
     def __init__(self, path: Path, args, sizes: Sizes, kv_cache_dtype: str = "auto"):
-        from .engine import Engine
-        from .sampling import SamplingParams
+        from ..engine import Engine
+        from ..sampling import SamplingParams
         self.sp = SamplingParams
         self.sizes, self.rng = sizes, random.Random(0)
         max_seqs = max(sizes.concurrency + (1,))
@@ -208,10 +135,10 @@ class EngineBench:
         times = []
         for i in range(reps + 1):  # the first run is the warm-up (compilation, graph capture)
             prompts = random_prompts(self.rng, count, prompt_len, self.vocab)
-            _sync(self.engine.device)
+            sync_device(self.engine.device)
             t0 = time.perf_counter()
             outs = self.engine.generate(prompts, params)
-            _sync(self.engine.device)
+            sync_device(self.engine.device)
             if i:
                 times.append(time.perf_counter() - t0)
             assert all(len(o.token_ids) == out for o in outs), "ignore_eos requests ended early"
@@ -305,26 +232,7 @@ def run_engine_sections(preset: str, path: Path, args, sizes: Sizes, sections: s
     return res
 
 
-# ----------------------------------------------------------------------------- CLI
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model-preset", action="append", dest="presets", metavar="NAME",
-                   help=f"repeatable; one of {sorted(BENCH_PRESETS)} (default: qwen3.5-27b and qwen3.6-35b-a3b; "
-                        "with --quick: tiny-dense and tiny-moe)")
-    p.add_argument("--sections", default="engine",
-                   help=f"comma list of {', '.join(SECTIONS)}; 'engine' = {', '.join(ENGINE_SECTIONS)}; 'all'")
-    p.add_argument("--transformers", action="store_true", help="add the transformers fp16 baseline section")
-    p.add_argument("--correctness", action="store_true", help="add the fp16-vs-float32 correctness section")
-    p.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default cuda)")
-    p.add_argument("--dtype", default="auto", help="engine dtype: auto (fp16 on CUDA, float32 on CPU), float16, ...")
-    p.add_argument("--workdir", default="/tmp/catengine-bench", help="where the random checkpoints are written")
-    p.add_argument("--out", default=None, help="JSON file of every number (default: WORKDIR/bench.json)")
-    p.add_argument("--quick", action="store_true", help="tiny lengths (and tiny models by default): a smoke run")
-    p.add_argument("--reps", type=int, default=None, help="repetitions per latency (median) after one warm-up; default 5, quick 1")
-    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (passed to the engine)")
-    p.add_argument("--max-num-batched-tokens", type=int, default=8192, help="engine step token budget")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-
-
+# ----------------------------------------------------------------------------- the run
 def parse_sections(text: str, transformers: bool = False, correctness: bool = False) -> list[str]:
     chosen: list[str] = []
     for item in (s.strip() for s in text.split(",") if s.strip()):
@@ -344,18 +252,12 @@ def parse_sections(text: str, transformers: bool = False, correctness: bool = Fa
     return chosen
 
 
-def run(args) -> int:
-    try:
-        return _run(args)
-    except ConfigError as e:
-        print(f"catengine bench: error: {e}")
-        return 2
-
-
-def _run(args) -> int:
+def run_bench(args) -> int:
+    """Every chosen section for every preset; ConfigError for arguments that cannot be honoured (raised before
+    anything is written)."""
     import logging
 
-    from .config import resolve_device
+    from ..config import resolve_device
     if not logging.getLogger().handlers:   # the engine's start-up lines (memory plan, warm-up, graphs)
         logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     sections = parse_sections(args.sections, args.transformers, args.correctness)
@@ -388,11 +290,11 @@ def _run(args) -> int:
             res["checkpoint"] = str(path)
             res.update(run_engine_sections(preset, path, args, sizes, engine_sections, bandwidth))
         if "transformers" in sections:
-            from .bench_correctness import transformers_baseline
+            from .correctness import transformers_baseline
             res["transformers"] = transformers_baseline(preset, workdir, args, sizes, res.get("decode_b1"))
         _write(out, report)
     if "correctness" in sections:
-        from .bench_correctness import correctness_report
+        from .correctness import correctness_report
         report["correctness"] = correctness_report(workdir, args, sizes)
     _write(out, report)
     print(f"wrote {out}")

@@ -1,15 +1,14 @@
-"""``catengine quantize SRC DST``: a round-to-nearest 4-bit checkpoint (AutoAWQ GEMM or compressed-tensors
-pack-quantized) from an fp16/bf16/fp32 one, readable by other engines' loaders (vLLM's).
+"""A round-to-nearest 4-bit checkpoint (AutoAWQ GEMM or compressed-tensors pack-quantized) from an fp16/bf16/fp32
+one, readable by other engines' loaders (vLLM's). ``catengine quantize`` (:mod:`catengine.cli.quantize`) calls it.
 
 Streams tensor by tensor: the largest thing in memory is one output shard. Names stay as on disk (text-only
 or multimodal layout); fused MoE experts are written per expert, as published AWQ MoE checkpoints are.
-Left unquantized: the modules QWEN35.md lists (GDN in_proj_a/b, the router, shared_expert_gate, conv1d,
-norms, A_log, dt_bias, embeddings, lm_head, mtp.*, vision) and any linear whose dimensions do not pack
-(input dim not divisible by the group size, or a dimension not a multiple of 8).
+Left unquantized: the modules the design notes (../shared/design/QWEN35.md) list (GDN in_proj_a/b, the router,
+shared_expert_gate, conv1d, norms, A_log, dt_bias, embeddings, lm_head, mtp.*, vision) and any linear whose
+dimensions do not pack (input dim not divisible by the group size, or a dimension not a multiple of 8).
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import re
@@ -21,10 +20,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from .errors import CatEngineError, ConfigError
-from .kernels.packing import QuantizedWeight, pack_int4_along_k
-from .models.loader import INDEX_FILE, list_tensors
-from .models.quant_formats import canonical_to_awq, canonical_to_ct, matches_skip
+from ..errors import CatEngineError, ConfigError
+from ..kernels.packing import QuantizedWeight, pack_int4_along_k
+from ..models.loader import INDEX_FILE, list_tensors
+from ..models.quant_formats import canonical_to_awq, canonical_to_ct, matches_skip
 
 FORMATS = ("awq", "compressed-tensors")
 _KEEP_DENSE = re.compile(r"(^|\.)(in_proj_a|in_proj_b|shared_expert_gate|conv1d|embed_tokens|lm_head)$"
@@ -257,23 +256,3 @@ def quantize_checkpoint(src: str | Path, dst: str | Path, format: str = "awq", g
         print(f"catengine quantize: wrote {dst} ({len(quantized)} linears quantized to 4 bits, "
               f"{len(dense)} weights kept dense)", file=sys.stderr, flush=True)
     return dst
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("src", metavar="SRC", help="fp16/bf16/fp32 Hugging Face model directory")
-    parser.add_argument("dst", metavar="DST", help="output directory (new or empty)")
-    parser.add_argument("--format", choices=FORMATS, default="awq",
-                        help="on-disk format: AutoAWQ GEMM or compressed-tensors pack-quantized (default awq)")
-    parser.add_argument("--group-size", type=int, default=128, help="input channels per scale (default 128)")
-    parser.add_argument("--symmetric", action="store_true",
-                        help="symmetric quantization (zero point 8) instead of per-group zero points")
-    parser.add_argument("--device", default="cpu", help="where to compute the rounding (e.g. cuda; default cpu)")
-
-
-def run(args: argparse.Namespace) -> int:
-    try:
-        quantize_checkpoint(args.src, args.dst, args.format, args.group_size, args.symmetric, device=args.device)
-    except CatEngineError as e:
-        print(f"catengine quantize: error: {e}", file=sys.stderr)
-        return 2
-    return 0

@@ -4,7 +4,7 @@ import json
 import math
 from types import SimpleNamespace
 
-from catengine.server.outputs import ChatChoiceProcessor, TokenTexts, chat_logprobs, completion_logprobs
+from catengine.server.choices import ChatChoiceProcessor, TokenTexts, chat_logprobs, completion_logprobs
 from catengine.server.protocol import encode
 from catengine.server.reasoning import Qwen3ReasoningParser
 from catengine.server.tool_qwen3_coder import Qwen3CoderToolParser

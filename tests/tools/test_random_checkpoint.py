@@ -1,4 +1,4 @@
-"""Random-weight checkpoints (catengine.random_checkpoint): configs of the presets, tiny dense/MoE checkpoints
+"""Random-weight checkpoints (catengine.tools.random_checkpoint): configs of the presets, tiny dense/MoE checkpoints
 (AWQ and unquantized) through the loader and the model, equality with `catengine quantize`, determinism, sizes."""
 import hashlib
 import json
@@ -14,9 +14,9 @@ from catengine.kernels.packing import QuantizedWeight, dequantize
 from catengine.models import ModelConfig, load_model
 from catengine.models.batch import BatchMetadata
 from catengine.models.loader import INDEX_FILE, iter_checkpoint, list_tensors, normalize_name
-from catengine.quantize import quantize_checkpoint, rtn_quantize
-from catengine.random_checkpoint import (PRESETS, build_config, estimate_checkpoint_bytes, main, make_tensor,
-                                         tensor_specs, write_random_checkpoint)
+from catengine.tools.quantize import quantize_checkpoint, rtn_quantize
+from catengine.tools.random_checkpoint import (PRESETS, build_config, estimate_checkpoint_bytes, main, make_tensor,
+                                               tensor_specs, write_random_checkpoint)
 from tests.models.helpers import PagedRunner
 
 G = 32
@@ -29,7 +29,8 @@ MODELS = {
                 shared_expert_intermediate_size=32, **TINY),
 }
 CASES = [(m, q) for m in MODELS for q in ("awq", None)]
-# H, layers, nh/nkv, Hk/Hv, FFN or (experts, top-k, Im, shared): QWEN35.md "Sizes"
+# H, layers, nh/nkv, Hk/Hv, FFN or (experts, top-k, Im, shared): the design notes (../shared/design/QWEN35.md),
+# "Sizes"
 TABLE = {
     "qwen3.5-27b": (5120, 64, 24, 4, 16, 48, 17408, None),
     "qwen3.6-35b-a3b": (2048, 40, 16, 2, 16, 32, 0, (256, 8, 512, 512)),

@@ -135,9 +135,9 @@ def log_ignored(args: argparse.Namespace) -> None:
 
 
 def server_config(args: argparse.Namespace, model_path: str):
-    from .reasoning import get_reasoning_parser
-    from .serving import ServerConfig
-    from .tool_parsers import get_tool_parser
+    from ..server.reasoning import get_reasoning_parser
+    from ..server.serving import ServerConfig
+    from ..server.tool_parsers import get_tool_parser
     if args.tool_call_parser:
         get_tool_parser(args.tool_call_parser)
     if args.reasoning_parser:
@@ -171,8 +171,8 @@ def run(args: argparse.Namespace) -> int:
 def serve(engine, config, host: str, port: int, log_level: str = "info") -> int:
     import uvicorn
 
-    from .app import build_app
-    from .serving import ServerContext
+    from ..server.app import build_app
+    from ..server.serving import ServerContext
     ctx = ServerContext(engine, config)
     app = build_app(ctx)
     stats = ctx.engine_stats()

@@ -4,7 +4,7 @@
   at batch 1, incremental decode TPS by the same formula as ours, and our / its ratio. The model comes from an
   unquantized checkpoint (``write_random_checkpoint(quant=None)``) when the disk holds one next to the AWQ copy;
   otherwise (the 27B is 54 GB in fp16, the GPU machine has 64 GiB of disk) it is built in memory from the same
-  per-tensor generators (:func:`catengine.random_checkpoint.make_tensor`), which gives the same values.
+  per-tensor generators (:func:`catengine.tools.random_checkpoint.make_tensor`), which gives the same values.
 - ``correctness_report``: for a random mid-size dense and MoE model, the fp16 catengine model (half the tokens as
   one prefill chunk, the rest one decode step at a time: both kernel paths) vs float32 transformers,
   teacher-forced on random token ids: top-1 agreement and the largest difference of the reference top-1 token's
@@ -20,8 +20,9 @@ from pathlib import Path
 
 import torch
 
-from .bench_cli import (BENCH_PRESETS, PEERS, _sync, checkpoint, incremental_tps, print_table, random_prompts)
-from .errors import ConfigError
+from ..errors import ConfigError
+from .bench_common import (BENCH_PRESETS, PEERS, checkpoint, incremental_tps, print_table, random_prompts,
+                           sync_device)
 
 TARGET_TOP1, TARGET_LOGPROB = 0.99, 0.15   # issue 8
 
@@ -81,12 +82,12 @@ def hf_decode_tps(model, prompt_len: int, n: int, reps: int, vocab: int, device)
         times = []
         for i in range(reps + 1):  # first: warm-up
             ids = torch.tensor(random_prompts(rng, 1, prompt_len, vocab), device=device)
-            _sync(device)
+            sync_device(device)
             t0 = time.perf_counter()
             with torch.no_grad():
                 out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
                                      min_new_tokens=new, do_sample=False, pad_token_id=0)
-            _sync(device)
+            sync_device(device)
             if i:
                 times.append(time.perf_counter() - t0)
             assert out.shape[1] == prompt_len + new
@@ -127,8 +128,8 @@ def compare_logits(ref: torch.Tensor, got: torch.Tensor) -> dict:
 
 def catengine_logits(path: Path, ids: list[int], device, dtype=torch.float16) -> torch.Tensor:
     """[T, V] float32 logits of our model teacher-forced on ``ids``: one prefill chunk of T // 2, then decode."""
-    from .models import load_model
-    from .models.batch import BatchMetadata
+    from ..models import load_model
+    from ..models.batch import BatchMetadata
     model = load_model(path, dtype=dtype, device=device, load_mtp=False, progress=False)
     bs = 16
     caches = model.allocate_caches(len(ids) // bs + 2, bs, 1, "auto", device)

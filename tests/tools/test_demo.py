@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from catengine import demo
+from catengine.tools import demo
 from catengine.chat_template import CHAT_TEMPLATE
 
 
@@ -347,7 +347,7 @@ def test_transformers_loads_and_runs(demo_dir, hf_tok):
 
 
 def test_catengine_model_config_reads_it(demo_dir):
-    from catengine.models.config import ModelConfig
+    from catengine.models.model_config import ModelConfig
     mc = ModelConfig.from_pretrained(demo_dir)
     assert (mc.vocab_size, mc.hidden_size, mc.num_hidden_layers, mc.rotary_dim) == (248320, 64, 4, 16)
     assert mc.full_attention_layers == [3] and mc.tie_word_embeddings

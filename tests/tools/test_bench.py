@@ -1,13 +1,14 @@
-"""`catengine bench` (catengine/bench_cli.py, bench_correctness.py): the TPS formula, the roofline byte count,
-argument errors, checkpoint reuse, the in-memory transformers model, and a CPU smoke run of every section."""
+"""`catengine bench` (catengine/cli/bench.py, tools/bench.py, tools/bench_common.py, tools/correctness.py): the TPS
+formula, the roofline byte count, argument errors, checkpoint reuse, the in-memory transformers model, and a CPU
+smoke run of every section."""
 import json
 import math
 
 import pytest
 import torch
 
-from catengine.bench_cli import (BENCH_PRESETS, SECTIONS, checkpoint, decode_weight_bytes, incremental_tps,
-                                 parse_sections, safetensors_sizes)
+from catengine.tools.bench import SECTIONS, decode_weight_bytes, parse_sections, safetensors_sizes
+from catengine.tools.bench_common import BENCH_PRESETS, checkpoint, incremental_tps
 from catengine.cli import main
 from catengine.errors import ConfigError
 
@@ -66,7 +67,7 @@ def test_checkpoint_is_reused_and_incomplete_one_rewritten(tmp_path):
 @pytest.mark.parametrize("kind", ["dense", "moe"])
 def test_in_memory_transformers_model_equals_the_checkpoint(tmp_path, kind):
     """The 27B baseline is built in memory on the GPU machine (no disk for 54 GB): same tensors as from_pretrained."""
-    from catengine.bench_correctness import _hf_class, build_hf_in_memory
+    from catengine.tools.correctness import _hf_class, build_hf_in_memory
     spec = BENCH_PRESETS[f"tiny-{kind}"][0]
     path = checkpoint(tmp_path, f"tiny-{kind}", None, "cpu")
     ref = _hf_class(kind == "moe").from_pretrained(path, dtype=torch.float32)

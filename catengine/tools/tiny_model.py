@@ -1,12 +1,12 @@
-"""Shared fixtures of the engine tests: tiny random Qwen3.5 checkpoints written with transformers
-(tokenizer files copied from the demo model) and helpers to check that an engine ended clean."""
+"""Tiny random Qwen3.5 checkpoints written with transformers (tokenizer files copied from the demo model, the
+vocabulary cut to 2,048 tokens): what the engine tests run on, and what ``bench/host_step.py`` times the host side
+of an engine step with."""
 from __future__ import annotations
 
 import json
 import shutil
 from pathlib import Path
 
-import pytest
 import torch
 
 TINY_VOCAB = 2048
@@ -20,7 +20,7 @@ def write_tiny_model(out, *, seed: int = 0, vocab_size: int = TINY_VOCAB, full_a
     into one repeated token: a scheduling bug then changes the output."""
     import transformers
 
-    from catengine.demo import demo_model_path
+    from .demo import demo_model_path
 
     layer_types = ["full_attention" if (i + 1) % full_attention_every == 0 else "linear_attention"
                    for i in range(num_layers)]
@@ -57,36 +57,3 @@ def write_small_tokenizer(src, dst, keep: int) -> None:
     for k, tok in enumerate(data["added_tokens"]):
         tok["id"] = keep + k
     Path(dst).write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def single_thread():
-    """The models here are tiny: one intra-op thread is fastest, and on a shared CI machine extra
-    OpenMP threads spin against other processes."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny_qwen35")
-    write_tiny_model(path)
-    return path
-
-
-@pytest.fixture(scope="session")
-def demo_dir():
-    from catengine.demo import demo_model_path
-    return demo_model_path()
-
-
-def assert_clean(engine) -> None:
-    """Every KV block and state slot is free and the bookkeeping is consistent."""
-    engine.check_integrity()
-    sched = engine.scheduler
-    assert not sched.running and not sched.waiting, "sequences left in the scheduler"
-    assert sched.blocks.num_used == 0, f"{sched.blocks.num_used} KV blocks still referenced"
-    assert sched.states.num_free_live == sched.states.num_live, "live state slots still held"
-    assert not engine.has_unfinished()

@@ -13,7 +13,7 @@ from catengine.kernels.packing import dequantize, unpack_int4_along_k
 from catengine.models import ModelConfig
 from catengine.models.loader import INDEX_FILE, iter_checkpoint
 from catengine.models.quant_formats import matches_skip
-from catengine.quantize import quantize_checkpoint, rtn_quantize
+from catengine.tools.quantize import quantize_checkpoint, rtn_quantize
 from tests.models.helpers import build_hf_model
 from tests.models.test_quant_formats import awq_reference, ct_reference
 
