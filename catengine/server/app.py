@@ -3,9 +3,9 @@
 Error mapping: ``InvalidRequest`` (every bad input, including a prompt that cannot fit) -> 400,
 unknown model -> 404, missing/wrong API key -> 401, a dead engine -> 503; anything else (a
 ``KernelContractError``, a ``ConfigError`` while serving: the request was valid, the server is
-wrong) is a bug and answers 500 with one log line, without taking the server down. A client that disconnects aborts its request: streaming
-responses are cancelled by Starlette when the connection drops; non-streaming ones race the engine
-against the connection's ``http.disconnect``.
+wrong) is a bug and answers 500 with one log line, without taking the server down. A client that
+disconnects aborts its request: streaming responses are cancelled by Starlette when the connection
+drops; non-streaming ones race the engine against the connection's ``http.disconnect``.
 """
 from __future__ import annotations
 
