@@ -4,9 +4,16 @@
     async for delta in engine.stream("Hello", SamplingParams(max_tokens=16), request_id="r1"):
         print(delta.text, end="")
 
+    prepared = await engine.prepare("Hello", params)     # or in two phases: validate first (raises here) ...
+    async for delta in engine.stream_prepared(prepared):  # ... then run it, without preparing again
+        ...
+
 The engine thread owns the Engine: requests reach it through a command queue, deltas come back
 through each stream's asyncio queue (``loop.call_soon_threadsafe``). Tokenization and validation
-run in the caller's thread pool before anything is queued, so a bad request raises at once. A stream
+(``Engine.prepare_request``) run on the preparation thread before anything is queued, so a bad
+request raises at once. That thread is the one place where request preparation runs: a single
+worker, because HF fast tokenizers are not safe to call concurrently (the server renders its chat
+templates there too, through :meth:`AsyncEngine.run_on_prep_thread`). A stream
 that is abandoned (its generator closed, its task cancelled) aborts its request, which frees its
 blocks and state slot. If the engine loop raises, the engine is dead: every stream and every later
 call gets :class:`EngineDead`.
@@ -18,12 +25,17 @@ import collections
 import logging
 import threading
 import uuid
-from typing import Any, AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable, TypeVar
 
 from .engine import Engine, Prompt
 from .errors import EngineDead, InvalidRequest
 from .outputs import CompletionOutput, RequestOutput, StreamDelta
+from .request_state import PreparedRequest
 from .sampling import SamplingParams
+
+T = TypeVar("T")
 
 log = logging.getLogger("catengine")
 
@@ -49,6 +61,7 @@ class AsyncEngine:
         self._dead: EngineDead | None = None
         self._stopping = False
         self._stats: dict[str, Any] = self.engine.stats()
+        self._prep_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="catengine-prep")
         self._thread = threading.Thread(target=self._loop, name="catengine-engine", daemon=True)
         self._thread.start()
 
@@ -64,6 +77,16 @@ class AsyncEngine:
     @property
     def model_config(self):
         return self.engine.model_config
+
+    @property
+    def model_path(self) -> Path:
+        """The checkpoint directory the engine loaded (the demo model's when built with model=None)."""
+        return self.engine.model_path
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the model's embedding: valid token ids are ``0 .. vocab_size - 1``."""
+        return int(self.engine.vocab_size)
 
     @property
     def memory_plan(self):
@@ -85,17 +108,42 @@ class AsyncEngine:
             return dict(self._stats)
 
     # ------------------------------------------------------------------ requests
+    async def run_on_prep_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the preparation thread, off the event loop: for tokenizer work of the
+        caller's own (chat templates, encoding), which must not run beside request preparation."""
+        return await asyncio.get_running_loop().run_in_executor(self._prep_pool, fn, *args)
+
+    async def prepare(self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None, *,
+                      special_tokens_visible: bool = False, arrival_time: float | None = None) -> PreparedRequest:
+        """Tokenize and validate one request (``Engine.prepare_request``, on the preparation thread)
+        without queuing it. Raises InvalidRequest / ContextTooLong / CapacityExceeded, EngineDead."""
+        self.check_health()
+        request_id = request_id or uuid.uuid4().hex
+        return await self.run_on_prep_thread(lambda: self.engine.prepare_request(
+            request_id, prompt, params, arrival_time=arrival_time, special_tokens_visible=special_tokens_visible))
+
     async def stream(self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None, *,
                      special_tokens_visible: bool = False, arrival_time: float | None = None
                      ) -> AsyncIterator[StreamDelta]:
-        """Yield :class:`StreamDelta` s of one request until all its ``n`` completions finished.
-        Raises InvalidRequest / ContextTooLong / CapacityExceeded before the first delta when the
-        request cannot run, EngineDead when the engine fails."""
+        """Yield :class:`StreamDelta` s of one request until all its ``n`` completions finished
+        (:meth:`prepare` then :meth:`stream_prepared`). Raises InvalidRequest / ContextTooLong /
+        CapacityExceeded before the first delta when the request cannot run, EngineDead when the
+        engine fails."""
+        prep = await self.prepare(prompt, params, request_id, special_tokens_visible=special_tokens_visible,
+                                  arrival_time=arrival_time)
+        stream = self.stream_prepared(prep)
+        try:
+            async for delta in stream:
+                yield delta
+        finally:
+            await stream.aclose()   # at once, so an abandoned stream aborts its request now
+
+    async def stream_prepared(self, prep: PreparedRequest) -> AsyncIterator[StreamDelta]:
+        """Queue a request made by :meth:`prepare` (not prepared again) and yield its deltas until all
+        its ``n`` completions finished. Raises InvalidRequest when its id is in use, EngineDead."""
         self.check_health()
-        request_id = request_id or uuid.uuid4().hex
+        request_id = prep.request_id
         loop = asyncio.get_running_loop()
-        prep = await loop.run_in_executor(None, lambda: self.engine.prepare_request(
-            request_id, prompt, params, arrival_time=arrival_time, special_tokens_visible=special_tokens_visible))
         stream = _Stream(loop, prep.params.n)
         with self._lock:
             if request_id in self._streams:
@@ -103,7 +151,7 @@ class AsyncEngine:
             self._streams[request_id] = stream
         done = False
         try:
-            self.check_health()   # died while we tokenized: the loop's failure handler may have run already
+            self.check_health()   # died since the first check: its failure handler missed this stream
             self._submit(("add", prep))
             while stream.num_open:
                 item = await stream.queue.get()
@@ -217,6 +265,7 @@ class AsyncEngine:
         self._stopping = True
         self._wake.set()
         self._thread.join(timeout)
+        self._prep_pool.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> "AsyncEngine":
         return self

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
 from catengine import AsyncEngine, Engine, SamplingParams
 from catengine.errors import ContextTooLong, EngineDead
+from catengine.request_state import PreparedRequest
 from tests.support import assert_clean
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -145,6 +147,31 @@ def test_bad_request_raises_before_the_first_delta(aengine):
     with pytest.raises(ContextTooLong):
         collect(aengine, list(range(1, 120)), SamplingParams(max_tokens=50))
     assert not aengine.is_dead
+
+
+def test_prepare_then_stream_prepared_prepares_once_on_the_prep_thread(engine, aengine, monkeypatch):
+    threads = []
+    real = engine.prepare_request
+
+    def spy(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(engine, "prepare_request", spy)
+    prompt = [11, 22, 33, 44, 55]
+
+    async def run():
+        with pytest.raises(ContextTooLong):   # before anything is queued
+            await aengine.prepare(list(range(1, 120)), SamplingParams(max_tokens=50))
+        prep = await aengine.prepare(prompt, GREEDY, "two-phase")
+        assert isinstance(prep, PreparedRequest) and prep.request_id == "two-phase"
+        return [d async for d in aengine.stream_prepared(prep)]
+    two_phase = [t for d in asyncio.run(run()) for t in d.token_ids]
+    assert len(threads) == 2 and all(name.startswith("catengine-prep") for name in threads)
+    one_phase = [t for d in collect(aengine, prompt, GREEDY, "one-phase") for t in d.token_ids]
+    assert two_phase == one_phase and len(one_phase) == GREEDY.max_tokens
+    assert len(threads) == 3   # stream() prepares once as well
+    assert aengine.vocab_size == engine.vocab_size and aengine.model_path == engine.model_path
+    assert_clean(engine)
 
 
 def test_engine_failure_marks_it_dead(tiny_model_dir):

@@ -178,7 +178,7 @@ def serve(engine, config, host: str, port: int, log_level: str = "info") -> int:
     stats = ctx.engine_stats()
     cfg = engine.config
     shown = f"[{host}]" if ":" in host else host
-    print(f"catengine serving {', '.join(config.served_model_names)} ({engine.engine.model_path}) "
+    print(f"catengine serving {', '.join(config.served_model_names)} ({engine.model_path}) "
           f"at http://{shown}:{port}/v1\n"
           f"  device {cfg.device}, dtype {cfg.dtype}, KV cache {stats.get('kv_capacity_tokens', '?')} tokens "
           f"({cfg.kv_cache_dtype}, block {cfg.block_size}), max_model_len {ctx.max_model_len}, "

@@ -1,10 +1,11 @@
 """The Starlette application: routes, authentication, error mapping, disconnect handling.
 
 Error mapping: ``InvalidRequest`` (every bad input, including a prompt that cannot fit) -> 400,
-unknown model -> 404, missing/wrong API key -> 401, a dead engine -> 503; anything else is a bug and
-answers 500 without taking the server down. A client that disconnects aborts its request: streaming
-responses are cancelled by Starlette when the connection drops; non-streaming ones race the engine
-against the connection's ``http.disconnect``.
+unknown model -> 404, missing/wrong API key -> 401, a dead engine -> 503; anything else (a
+``KernelContractError``, a ``ConfigError`` while serving: the request was valid, the server is
+wrong) is a bug and answers 500 with one log line, without taking the server down. A client that
+disconnects aborts its request: streaming responses are cancelled by Starlette when the connection
+drops; non-streaming ones race the engine against the connection's ``http.disconnect``.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from .. import __version__
-from ..errors import ConfigError, EngineDead, InvalidRequest
+from ..errors import EngineDead, InvalidRequest
 from ..metrics import CONTENT_TYPE
 from .chat import chat_full, chat_stream, plan_chat
 from .completions import completion_full, completion_stream, plan_completion
@@ -100,24 +101,32 @@ def _handler(ctx: ServerContext, kind: type, plan_fn: Callable, full_fn: Callabl
             req = decode_request(await _read_body(request, ctx.config.max_request_bytes), kind)
             ctx.check_model(req.model)
             plan = await ctx.run_blocking(plan_fn, ctx, req)
+            await ctx.prepare(plan.jobs)
             if req.stream:
                 return StreamingResponse(stream_fn(ctx, plan), media_type="text/event-stream", headers=SSE_HEADERS)
             result = await _run_unless_disconnected(request, full_fn(ctx, plan))
             if result is None:  # the client is gone; nobody reads this
                 return error_response(499, "client disconnected")
             return json_response(result)
-        except (InvalidRequest, ConfigError) as e:
+        except InvalidRequest as e:
             return error_response(400, str(e))
         except ModelNotFound as e:
             return error_response(404, str(e), "model")
         except EngineDead as e:
             return error_response(503, str(e))
+        except Exception as e:  # noqa: BLE001 (a bug, not the client's: answered here so it is logged once)
+            return internal_error(request, e)
     return endpoint
+
+
+def internal_error(request: Request, exc: BaseException) -> Response:
+    log.error("internal error on %s", request.url.path, exc_info=exc)
+    return error_response(500, f"internal error: {type(exc).__name__}")
 
 
 def build_app(ctx: ServerContext) -> Starlette:
     async def models(request: Request) -> Response:
-        cards = [ModelCard(id=name, created=ctx.created, root=str(ctx.engine.engine.model_path),
+        cards = [ModelCard(id=name, created=ctx.created, root=str(ctx.engine.model_path),
                            max_model_len=ctx.max_model_len) for name in ctx.config.served_model_names]
         return json_response(ModelList(data=cards))
 
@@ -136,8 +145,7 @@ def build_app(ctx: ServerContext) -> Starlette:
         return error_response(exc.status_code, exc.detail or "error")
 
     async def server_error(request: Request, exc: Exception) -> Response:
-        log.exception("unhandled error on %s", request.url.path, exc_info=exc)
-        return error_response(500, f"internal error: {type(exc).__name__}")
+        return internal_error(request, exc)
 
     routes = [
         Route("/v1/chat/completions", _handler(ctx, ChatCompletionRequest, plan_chat, chat_full, chat_stream),

@@ -38,6 +38,10 @@ class ChatPlan:
     top_logprobs: int | None
     created: int = field(default_factory=lambda: int(time.time()))
 
+    @property
+    def jobs(self) -> list[Job]:
+        return [self.job]
+
     def processor(self, ctx: ServerContext) -> ChatChoiceProcessor:
         reasoning = None
         if ctx.config.reasoning_parser:
@@ -130,7 +134,6 @@ def plan_chat(ctx: ServerContext, req: ChatCompletionRequest) -> ChatPlan:
                           ctx.vocab_size)
     # <tool_call> must reach the tool parser even where the tokenizer marks it special
     job = Job(ctx.new_id("chatcmpl"), prompt_ids, params, special_tokens_visible=parser is not None)
-    ctx.validate_job(job)
     return ChatPlan(req, job, tools, parser, forced, thinking, opened, top)
 
 

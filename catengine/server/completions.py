@@ -71,7 +71,6 @@ def plan_completion(ctx: ServerContext, req: CompletionRequest) -> CompletionPla
         params = build_params(sampling_fields(req, req.logprobs), ctx.tokenizer.generation_config, req.max_tokens,
                               room, min(DEFAULT_MAX_TOKENS, room), ctx.vocab_size)
         jobs.append(Job(base_id if len(prompts) == 1 else f"{base_id}-{k}", ids, params))
-        ctx.validate_job(jobs[-1])
         if req.echo:
             echoes.append(text if text is not None else ctx.tokenizer.decode(ids, skip_special_tokens=False))
         else:

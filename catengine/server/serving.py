@@ -1,10 +1,11 @@
 """What every endpoint shares: the server settings, the engine handle and the streams of one request.
 
 :class:`ServerContext` owns the AsyncEngine, the tokenizer, the metrics and whether the engine is
-still alive. :meth:`ServerContext.generate` runs one or more prompts (a completions batch) through
-the engine and yields their deltas merged in arrival order, recording metrics; leaving the loop
-early (a client that went away, an error) aborts every unfinished request, so KV blocks and state
-slots are freed at once.
+still alive; it talks to the engine only through AsyncEngine's public API. :meth:`ServerContext.prepare`
+validates every prompt of a request once (``AsyncEngine.prepare``) before a response starts;
+:meth:`ServerContext.generate` runs the prepared prompts (a completions batch) through the engine and
+yields their deltas merged in arrival order, recording metrics; leaving the loop early (a client that
+went away, an error) aborts every unfinished request, so KV blocks and state slots are freed at once.
 """
 from __future__ import annotations
 
@@ -12,14 +13,16 @@ import asyncio
 import logging
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from ..errors import CapacityExceeded, CatEngineError, EngineDead, InvalidRequest
 from ..metrics import Metrics
 from ..sampling import SamplingParams
 from .choices import TokenTexts
+
+if TYPE_CHECKING:
+    from ..request_state import PreparedRequest
 
 log = logging.getLogger("catengine.server")
 
@@ -49,11 +52,13 @@ class ServerConfig:
 @dataclass
 class Job:
     """One prompt of a request: its engine request id, token ids and params. ``special_tokens_visible``
-    keeps special tokens in the text (tool parsing needs ``<tool_call>`` even where it is special)."""
+    keeps special tokens in the text (tool parsing needs ``<tool_call>`` even where it is special).
+    ``prepared`` is the engine's validated request, set once by :meth:`ServerContext.prepare`."""
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
     special_tokens_visible: bool = False
+    prepared: PreparedRequest | None = None
 
 
 class ServerContext:
@@ -66,16 +71,17 @@ class ServerContext:
         self.dead_reason: str | None = None
         self.created = int(time.time())
         self.max_model_len: int = int(engine.config.max_model_len)
-        self.vocab_size: int = int(engine.engine.vocab_size)
-        # Templates and tokenization of long prompts take long enough to stall every stream if run on
-        # the event loop; one worker because HF fast tokenizers are not safe to call concurrently.
-        self._prep_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="catengine-prep")
+        self.vocab_size: int = int(engine.vocab_size)
 
     async def run_blocking(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(self._prep_pool, fn, *args)
+        """Templates and tokenization of long prompts take long enough to stall every stream if run on
+        the event loop: they run on the engine's one preparation thread (HF fast tokenizers are not
+        safe to call concurrently, so it is the same thread that prepares requests)."""
+        return await self.engine.run_on_prep_thread(fn, *args)
 
     def close(self) -> None:
-        self._prep_pool.shutdown(wait=False, cancel_futures=True)
+        """Nothing of the context's own to release: the engine owns the preparation thread and
+        ``AsyncEngine.shutdown`` stops it."""
 
     # ------------------------------------------------------------------ engine state
     @property
@@ -105,14 +111,19 @@ class ServerContext:
             stats = dict(vars(stats))
         return stats
 
-    def validate_job(self, job: Job) -> None:
-        """Everything the engine would reject, checked before a response starts (so a streaming
-        request still gets a plain HTTP 400): token ids, vocabulary, KV capacity."""
-        try:
-            self.engine.engine.prepare_request(job.request_id, job.prompt_ids, job.params,
-                                               special_tokens_visible=job.special_tokens_visible)
-        except CapacityExceeded as e:
-            raise InvalidRequest(str(e)) from None
+    async def prepare(self, jobs: list[Job]) -> None:
+        """Everything the engine would reject, checked for every job before a response starts (so a
+        streaming request still gets a plain HTTP 400, and no prompt of a batch runs when a later one
+        is bad): token ids, vocabulary, KV capacity. Each job is prepared once; generation queues
+        ``job.prepared`` as it is."""
+        for job in jobs:
+            if job.prepared is not None:
+                continue
+            try:
+                job.prepared = await self.engine.prepare(job.prompt_ids, job.params, job.request_id,
+                                                         special_tokens_visible=job.special_tokens_visible)
+            except CapacityExceeded as e:
+                raise InvalidRequest(str(e)) from None
 
     @staticmethod
     def new_id(prefix: str) -> str:
@@ -120,8 +131,10 @@ class ServerContext:
 
     # ------------------------------------------------------------------ generation
     async def generate(self, jobs: list[Job]) -> AsyncIterator[tuple[int, Any]]:
-        """Yield ``(job_index, StreamDelta)`` for every delta of every job, in arrival order."""
+        """Yield ``(job_index, StreamDelta)`` for every delta of every job, in arrival order (jobs not
+        yet prepared are prepared first)."""
         self.check_alive()
+        await self.prepare(jobs)
         start = time.perf_counter()
         open_seqs = {(k, i) for k, job in enumerate(jobs) for i in range(job.params.n)}
         last_time: dict[tuple[int, int], float] = {}
@@ -158,8 +171,7 @@ class ServerContext:
             log.debug("abort of %s failed", request_id, exc_info=True)
 
     def _stream(self, job: Job):
-        return self.engine.stream(job.prompt_ids, job.params, request_id=job.request_id,
-                                  special_tokens_visible=job.special_tokens_visible)
+        return self.engine.stream_prepared(job.prepared)
 
     async def _merged(self, jobs: list[Job]) -> AsyncIterator[tuple[int, Any]]:
         if len(jobs) == 1:
