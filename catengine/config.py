@@ -137,6 +137,13 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def make_current(device: torch.device) -> None:
+    """Make an explicit ``cuda:N`` the current device before the weights load: Triton launches and the
+    CUDA allocator's queries act on the current device, not on the tensors' one."""
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)
+
+
 def check_dtype_supported(dtype: torch.dtype, device: torch.device) -> None:
     if device.type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
         cap = torch.cuda.get_device_capability(device)
