@@ -130,6 +130,7 @@ class ModelRunner:
         return cuda_cache_budget(cfg, self.device, used, peak)
 
     def _plan_memory(self, budget_bytes: int | None) -> MemoryPlan:
+        """The plan for this model's cache sizes; ``cfg.block_size`` is read here, where the plan takes it."""
         cfg, model = self.config, self.model
         return plan_memory(cfg, kv_bytes_per_block=model.kv_cache_bytes_per_block(cfg.block_size, cfg.kv_cache_dtype),
                            state_bytes_per_slot=model.state_bytes_per_slot(),
