@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 import torch
 
 from .errors import ConfigError
+from .models.kv_cache_dtype import KV_CACHE_DTYPES
 
 DTYPES = {"float16": torch.float16, "half": torch.float16, "fp16": torch.float16,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float32": torch.float32, "float": torch.float32, "fp32": torch.float32}
-KV_CACHE_DTYPES = ("auto", "fp8_e5m2")
 CPU_KV_CACHE_BYTES = 256 << 20   # default KV + state budget on CPU
 DEFAULT_MAX_NUM_SEQS = {"cuda": 256, "cpu": 64}
 DEFAULT_MAX_BATCHED_TOKENS = {"cuda": 8192, "cpu": 2048}
@@ -72,7 +72,8 @@ class EngineConfig:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             hint = (" (fp8 e4m3 needs sm_89+ and is not offered; fp8_e5m2 works on every GPU)"
                     if isinstance(self.kv_cache_dtype, str) and self.kv_cache_dtype.startswith("fp8") else "")
-            raise ConfigError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not supported{hint}; use auto or fp8_e5m2")
+            raise ConfigError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not supported{hint}; use "
+                              f"{' or '.join(KV_CACHE_DTYPES)}")
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory_bytes",
                      "num_kv_blocks"):
             _positive_int(self, name, optional=True)
@@ -134,6 +135,13 @@ def resolve_device(name: str) -> torch.device:
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise ConfigError(f"device {name!r} does not exist: this machine has {torch.cuda.device_count()} GPU(s)")
     return device
+
+
+def make_current(device: torch.device) -> None:
+    """Make an explicit ``cuda:N`` the current device before the weights load: Triton launches and the
+    CUDA allocator's queries act on the current device, not on the tensors' one."""
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)
 
 
 def check_dtype_supported(dtype: torch.dtype, device: torch.device) -> None:

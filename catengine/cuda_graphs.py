@@ -41,16 +41,17 @@ def graph_batch_sizes(max_num_seqs: int, limit: int = MAX_GRAPH_BATCH) -> list[i
 
 
 class DecodeGraphs:
-    def __init__(self, model, caches: ModelCaches, *, batch_sizes: list[int], block_size: int,
-                 max_model_len: int, pad_state_slot: int, device: torch.device, capture: bool = True):
+    def __init__(self, model, caches: ModelCaches, *, batch_sizes: list[int], max_model_len: int,
+                 pad_state_slot: int, device: torch.device, capture: bool = True):
+        """``max_model_len`` and ``pad_state_slot`` come from the memory plan; the block size from ``caches``."""
         self.model, self.caches = model, caches
         self.batch_sizes = sorted(set(batch_sizes))
         self.max_batch = self.batch_sizes[-1]
-        self.block_size, self.max_model_len = block_size, max_model_len
+        self.max_model_len = max_model_len
         self.pad_state_slot = pad_state_slot
         self.device = torch.device(device)
         self.capture = capture
-        n, width = self.max_batch, -(-max_model_len // block_size)
+        n, width = self.max_batch, -(-max_model_len // caches.block_size)
         z = dict(device=self.device)
         # static device inputs: every graph reads slices of these
         self.input_ids = torch.zeros(n, dtype=torch.int64, **z)

@@ -12,7 +12,6 @@ Engine (``AsyncEngine`` runs it on its own thread).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import random
 import threading
@@ -23,11 +22,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from .config import EngineConfig, check_dtype_supported, resolve_device
+from .config import EngineConfig, check_dtype_supported, make_current, resolve_device
 from .errors import ConfigError, ContextTooLong, InvalidRequest
-from .memory import MemoryPlan, cuda_cache_budget, plan_memory
+from .memory import MemoryPlan
 from .outputs import RequestOutput, StreamDelta
 from .request_state import PreparedRequest, RequestState
 from .runner import ModelRunner
@@ -69,27 +66,19 @@ class Engine:
         model_config = ModelConfig.from_pretrained(path)
         cfg = config.resolve(device=device, max_position_embeddings=model_config.max_position_embeddings)
         check_dtype_supported(cfg.torch_dtype, device)
-        if device.type == "cuda" and device.index is not None:
-            torch.cuda.set_device(device)
+        make_current(device)
         self.tokenizer = Tokenizer(cfg.tokenizer or path, chat_template=cfg.chat_template)
         self.model = load_model(path, dtype=cfg.torch_dtype, device=device, load_mtp=False)
         self.model_config = model_config
         self.device = device
         self.eos_token_ids = tuple(sorted(set(self.tokenizer.eos_token_ids) | set(model_config.eos_token_ids)))
         self.vocab_size = model_config.vocab_size
-        self.runner = ModelRunner(self.model, None, block_size=cfg.block_size, device=device,
-                                  eos_token_ids=self.eos_token_ids)
-        self.memory_plan = self._plan_memory(cfg)
-        plan = self.memory_plan
+        # the runner starts the device (profile, memory plan, caches, warm-up, graphs); the rest follows its plan
+        self.runner = ModelRunner(self.model, cfg, eos_token_ids=self.eos_token_ids)
+        plan = self.runner.memory_plan
         self.config = dataclasses.replace(cfg, max_model_len=plan.max_model_len)
-        self.runner.caches = self._allocate_caches(cfg, plan.num_blocks, plan.num_state_slots)
-        if device.type == "cuda":
-            seconds = self.runner.warm_up(functools.partial(self._allocate_caches, cfg))
-            log.info("warm-up (kernel compilation on a cold cache) took %.1f s", seconds)
-            if not cfg.enforce_eager:
-                self.enable_decode_graphs()
         self.scheduler = Scheduler(SchedulerConfig(
-            num_blocks=plan.num_blocks, block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
+            num_blocks=plan.num_blocks, block_size=plan.block_size, max_num_seqs=cfg.max_num_seqs,
             max_num_batched_tokens=cfg.max_num_batched_tokens, max_model_len=plan.max_model_len,
             enable_prefix_caching=cfg.enable_prefix_caching, num_snapshot_slots=plan.num_snapshot_slots,
             hybrid=bool(model_config.linear_attention_layers)))
@@ -105,44 +94,10 @@ class Engine:
                  plan.max_model_len, cfg.max_num_seqs,
                  f"batch sizes up to {self.runner.graphs.max_batch}" if self.runner.graphs else "off (eager)")
 
-    def _allocate_caches(self, cfg: EngineConfig, num_blocks: int, num_slots: int):
-        """The real caches, and the throw-away ones of the profiled step and the warm-up."""
-        return self.model.allocate_caches(num_blocks, cfg.block_size, num_slots, cfg.kv_cache_dtype, self.device)
-
-    def enable_decode_graphs(self, capture: bool = True) -> None:
-        """Replay decode-only steps of up to min(max_num_seqs, 256) sequences from CUDA graphs
-        (``capture=False``: run the same padded static buffers eagerly, so the CPU tests check the
-        padding)."""
-        from .cuda_graphs import DecodeGraphs, graph_batch_sizes
-        graphs = DecodeGraphs(self.model, self.runner.caches, batch_sizes=graph_batch_sizes(self.config.max_num_seqs),
-                              block_size=self.config.block_size, max_model_len=self.memory_plan.max_model_len,
-                              pad_state_slot=self.memory_plan.pad_state_slot, device=self.device, capture=capture)
-        try:
-            graphs.capture_all()
-        except Exception:   # serving eagerly beats not serving; the log says why it is slower
-            log.exception("decode CUDA graph capture failed; running eagerly (as with enforce_eager)")
-            return
-        self.runner.graphs = graphs
-
-    def _plan_memory(self, cfg: EngineConfig) -> MemoryPlan:
-        kv_per_block = self.model.kv_cache_bytes_per_block(cfg.block_size, cfg.kv_cache_dtype)
-        state_per_slot = self.model.state_bytes_per_slot()
-        budget = None
-        if self.device.type == "cuda" and cfg.kv_cache_memory_bytes is None and cfg.num_kv_blocks is None:
-            torch.cuda.empty_cache()
-            free, total = torch.cuda.mem_get_info(self.device)
-            used = total - free
-            torch.cuda.reset_peak_memory_stats(self.device)
-            base = torch.cuda.memory_allocated(self.device)
-
-            cache_bytes = self.runner.profile_step(cfg.max_num_batched_tokens, cfg.max_num_seqs,
-                                                   functools.partial(self._allocate_caches, cfg))
-            peak = torch.cuda.max_memory_allocated(self.device) - base - cache_bytes
-            torch.cuda.empty_cache()
-            budget = cuda_cache_budget(cfg, self.device, used, peak)
-        return plan_memory(cfg, kv_bytes_per_block=kv_per_block, state_bytes_per_slot=state_per_slot,
-                           hybrid=bool(self.model_config.linear_attention_layers),
-                           max_position_embeddings=self.model_config.max_position_embeddings, budget_bytes=budget)
+    @property
+    def memory_plan(self) -> MemoryPlan:
+        """KV blocks, capacity in tokens, state slots: the runner's plan (read-only)."""
+        return self.runner.memory_plan
 
     # ------------------------------------------------------------------ requests
     def default_sampling_params(self) -> SamplingParams:
@@ -363,8 +318,8 @@ class Engine:
         self.abort(list(self._requests))
         self._requests.clear()
         self._touched.clear()
-        self.runner.caches = self.runner.graphs = None   # the graphs hold the caches and their memory pool
-        self.model = self.runner.model = None
+        self.runner.close()
+        self.model = None
 
 
 def _as_prompt_list(prompts) -> list[Prompt]:

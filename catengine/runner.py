@@ -1,5 +1,11 @@
 """ModelRunner: scheduler output -> flat batch -> model -> logits -> sampled tokens.
 
+Start-up (:meth:`ModelRunner.__init__`, in nano-vllm's order, all of it here): profile the worst-case
+step and read the CUDA allocator (:meth:`_profile_cache_budget`), plan the memory
+(:func:`catengine.memory.plan_memory`, exposed as ``runner.memory_plan``), allocate the caches, warm
+up the kernels and capture the decode CUDA graphs (CUDA only; graphs unless ``enforce_eager``). The
+profile and the warm-up run on throw-away caches the runner allocates itself.
+
 Per step (:meth:`ModelRunner.execute`):
 1. the block and state copies the scheduler asked for (fork copies, prefix-hit state restores);
 2. :meth:`host_batch` builds ``input_ids``, ``positions`` and the batch metadata on the host with a
@@ -16,14 +22,20 @@ from __future__ import annotations
 import array
 import contextlib
 import itertools
+import logging
 import time
 from dataclasses import dataclass
 
 import torch
 
+from .config import EngineConfig
+from .cuda_graphs import DecodeGraphs, graph_batch_sizes
+from .memory import MemoryPlan, cuda_cache_budget, plan_memory
 from .models.batch import AttentionCache, BatchMetadata, ModelCaches
-from .sampling import TokenLogprobs, apply_penalties, sample
+from .sampling import SamplingParams, TokenLogprobs, apply_penalties, sample
 from .scheduler import SchedulerOutput
+
+log = logging.getLogger("catengine")
 
 
 @dataclass(frozen=True)
@@ -82,15 +94,73 @@ class _Tail:
 
 
 class ModelRunner:
-    def __init__(self, model, caches: ModelCaches | None, *, block_size: int, device: torch.device,
-                 eos_token_ids: tuple[int, ...] = ()):
-        """``caches`` may be None until the memory plan (which profiles a step with this runner) is known."""
+    def __init__(self, model, config: EngineConfig, *, eos_token_ids: tuple[int, ...] = ()):
+        """Start the device for ``model`` (loaded on ``config.device``): profile, plan memory, allocate
+        the caches, warm up, capture the decode graphs. ``config`` is resolved (``EngineConfig.resolve``);
+        the plan decides max_model_len when it is None there."""
         self.model = model
-        self.caches = caches
-        self.block_size = block_size
-        self.device = torch.device(device)
+        self.config = config
+        self.device = torch.device(config.device)
         self.eos_token_ids = tuple(eos_token_ids)
-        self.graphs = None   # a DecodeGraphs once captured (engine start on CUDA without enforce_eager)
+        self.caches: ModelCaches | None = None   # the profile's throw-away caches stand in until the plan
+        self.graphs: DecodeGraphs | None = None  # captured on CUDA without enforce_eager
+        self.memory_plan: MemoryPlan = self._plan_memory(self._profile_cache_budget())
+        plan = self.memory_plan
+        self.caches = self._allocate(plan.num_blocks, plan.num_state_slots, block_size=plan.block_size)
+        if self.device.type == "cuda":
+            log.info("warm-up (kernel compilation on a cold cache) took %.1f s", self.warm_up())
+            if not config.enforce_eager:
+                self.enable_decode_graphs()
+
+    # ------------------------------------------------------------------ start-up
+    def _profile_cache_budget(self) -> int | None:
+        """The bytes left for caches on CUDA, from the allocator around a profiled worst-case step; None
+        when the size is given (kv_cache_memory_bytes, num_kv_blocks) or off CUDA (the CPU default)."""
+        cfg = self.config
+        if self.device.type != "cuda" or cfg.kv_cache_memory_bytes is not None or cfg.num_kv_blocks is not None:
+            return None
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(self.device)
+        used = total - free
+        torch.cuda.reset_peak_memory_stats(self.device)
+        base = torch.cuda.memory_allocated(self.device)
+        cache_bytes = self.profile_step(cfg.max_num_batched_tokens, cfg.max_num_seqs)
+        peak = torch.cuda.max_memory_allocated(self.device) - base - cache_bytes
+        torch.cuda.empty_cache()
+        return cuda_cache_budget(cfg, self.device, used, peak)
+
+    def _plan_memory(self, budget_bytes: int | None) -> MemoryPlan:
+        """The plan for this model's cache sizes; ``cfg.block_size`` is read here, where the plan takes it."""
+        cfg, model = self.config, self.model
+        return plan_memory(cfg, kv_bytes_per_block=model.kv_cache_bytes_per_block(cfg.block_size, cfg.kv_cache_dtype),
+                           state_bytes_per_slot=model.state_bytes_per_slot(),
+                           hybrid=bool(model.config.linear_attention_layers),
+                           max_position_embeddings=model.config.max_position_embeddings, budget_bytes=budget_bytes)
+
+    def _allocate(self, num_blocks: int, num_slots: int, *, block_size: int) -> ModelCaches:
+        """The real caches, and the throw-away ones of the profiled step and the warm-up."""
+        return self.model.allocate_caches(num_blocks, block_size, num_slots, self.config.kv_cache_dtype, self.device)
+
+    def enable_decode_graphs(self, capture: bool = True) -> None:
+        """Replay decode-only steps of up to min(max_num_seqs, 256) sequences from CUDA graphs
+        (``capture=False``: run the same padded static buffers eagerly, so the CPU tests check the
+        padding). A failed capture logs and leaves the runner eager."""
+        plan = self.memory_plan
+        graphs = DecodeGraphs(self.model, self.caches, batch_sizes=graph_batch_sizes(self.config.max_num_seqs),
+                              max_model_len=plan.max_model_len, pad_state_slot=plan.pad_state_slot,
+                              device=self.device, capture=capture)
+        try:
+            graphs.capture_all()
+        except Exception:   # serving eagerly beats not serving; the log says why it is slower
+            log.exception("decode CUDA graph capture failed; running eagerly (as with enforce_eager)")
+            return
+        self.graphs = graphs
+
+    def close(self) -> None:
+        """Drop the model, the caches and the graphs (which hold the caches and their memory pool): the
+        GPU memory is freed once nothing else references them."""
+        self.caches = self.graphs = None
+        self.model = None
 
     # ------------------------------------------------------------------ one step
     @torch.inference_mode()
@@ -131,7 +201,7 @@ class ModelRunner:
     def host_batch(self, out: SchedulerOutput) -> tuple[dict[str, torch.Tensor], BatchShape]:
         """The step's flat inputs as host tensors, built with a few vectorised torch ops."""
         items = out.scheduled
-        bs = self.block_size
+        bs = self.caches.block_size
         starts = [it.start for it in items]
         lens = [it.num_new for it in items]
         ends = [s + n for s, n in zip(starts, lens)]
@@ -220,7 +290,7 @@ class ModelRunner:
         """One forward + logits + sampling of made-up sequences (consecutive blocks from 0, slot b for
         sequence b) on whatever ``self.caches`` holds; the sampling rows cycle over the sequences' last
         tokens."""
-        bs = self.block_size
+        bs = self.caches.block_size
         tables, next_block = [], 0
         for n in seq_lens:
             k = -(-n // bs)
@@ -236,19 +306,19 @@ class ModelRunner:
         sample(logits, params, [0] * len(params), [0] * len(params))
 
     @torch.inference_mode()
-    def warm_up(self, make_caches) -> float:
+    def warm_up(self) -> float:
         """Run the step shapes the first requests would otherwise wait on while Triton compiles (prompt
         lengths aligned and not to 16, a chunk continuing a cached prefix beside a decode, an eager
-        decode; greedy and sampled rows) on throw-away caches from ``make_caches(num_blocks,
-        num_slots)``. Returns the seconds it took (mostly compilation on a cold kernel cache)."""
-        from .sampling import SamplingParams
+        decode; greedy and sampled rows) on throw-away caches shaped like the planned ones. Returns the
+        seconds it took (mostly compilation on a cold kernel cache)."""
         t0 = time.perf_counter()
         greedy = SamplingParams(temperature=0.0)
         sampled = SamplingParams(temperature=0.8, top_p=0.9, top_k=20, min_p=0.01, logprobs=2)
         shapes = [([7], [7]), ([32], [32]), ([5, 1], [21, 9]), ([1, 1], [9, 40])]
+        bs = self.memory_plan.block_size
         # every fake step numbers its blocks from 0: the largest step's count is enough
-        need = max(sum(-(-n // self.block_size) for n in lens) for _, lens in shapes)
-        with self._scratch_caches(make_caches(need, 2)):
+        need = max(sum(-(-n // bs) for n in lens) for _, lens in shapes)
+        with self._scratch_caches(self._allocate(need, 2, block_size=bs)):
             for q, s in shapes:
                 self._fake_step(q, s, [greedy, sampled])
         return time.perf_counter() - t0
@@ -266,17 +336,16 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ memory profiling
     @torch.inference_mode()
-    def profile_step(self, num_tokens: int, num_seqs: int, make_caches) -> int:
+    def profile_step(self, num_tokens: int, num_seqs: int) -> int:
         """Run a worst-case step once so the caller can read the activation peak from the CUDA
         allocator: ``num_tokens`` new tokens over a few fresh sequences (how they split barely changes
         the activations), then logits and sampling (top-k/top-p, logprobs) for ``num_seqs`` rows,
-        the largest sampling batch. Uses throw-away caches from ``make_caches(num_blocks, num_slots)``
-        and returns their size in bytes, which the caller subtracts from the peak."""
-        from .sampling import SamplingParams
-
+        the largest sampling batch. Uses throw-away caches and returns their size in bytes, which the
+        caller subtracts from the peak."""
         num_fwd = max(1, min(num_seqs, num_tokens, 16))
         lens = [num_tokens // num_fwd + (1 if i < num_tokens % num_fwd else 0) for i in range(num_fwd)]
-        with self._scratch_caches(make_caches(sum(-(-n // self.block_size) for n in lens), num_fwd)) as caches:
+        bs = self.config.block_size   # the plan, which this step sizes, does not exist yet: the setting itself
+        with self._scratch_caches(self._allocate(sum(-(-n // bs) for n in lens), num_fwd, block_size=bs)) as caches:
             params = [SamplingParams(temperature=1.0, top_p=0.9, top_k=50, logprobs=5)] * num_seqs
             self._fake_step(lens, lens, params)
         return sum(t.numel() * t.element_size() for layer in caches.layers

@@ -5,8 +5,6 @@ write, padding state slot, zeroed state) are what is checked here; tests/test_en
 real graphs."""
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 
@@ -43,7 +41,7 @@ def eager_tokens(tiny_model_dir):
 @pytest.mark.parametrize("max_num_seqs", [16, 12])
 def test_padded_graph_buffers_give_eager_tokens(tiny_model_dir, eager_tokens, max_num_seqs):
     engine = _engine(tiny_model_dir, max_num_seqs=max_num_seqs, enable_prefix_caching=False)
-    engine.enable_decode_graphs(capture=False)
+    engine.runner.enable_decode_graphs(capture=False)
     graphs = engine.runner.graphs
     plan = engine.memory_plan
     assert graphs.pad_state_slot == plan.num_state_slots - 1 == plan.num_live_slots + plan.num_snapshot_slots
@@ -54,7 +52,7 @@ def test_padded_graph_buffers_give_eager_tokens(tiny_model_dir, eager_tokens, ma
 
 def test_padding_rows_write_only_the_padding_slot(tiny_model_dir):
     engine = _engine(tiny_model_dir, max_num_seqs=8, enable_prefix_caching=False)
-    engine.enable_decode_graphs(capture=False)
+    engine.runner.enable_decode_graphs(capture=False)
     graphs, caches = engine.runner.graphs, engine.runner.caches
     for layer in caches.layers:   # a live-looking cache: every byte nonzero
         for t in vars(layer).values():
@@ -84,7 +82,7 @@ def test_padding_rows_write_only_the_padding_slot(tiny_model_dir):
 
 def test_prefix_hits_and_graphs_together(tiny_model_dir, eager_tokens):
     engine = _engine(tiny_model_dir, max_num_seqs=16)
-    engine.enable_decode_graphs(capture=False)
+    engine.runner.enable_decode_graphs(capture=False)
     first = _staggered(engine)
     again = _staggered(engine)   # the same prompts: prefix hits restore GDN snapshots, decodes replay
     assert first == again == eager_tokens
@@ -96,7 +94,7 @@ def test_warm_up_runs_on_throwaway_caches(tiny_model_dir):
     engine = _engine(tiny_model_dir, max_num_seqs=4)
     caches = engine.runner.caches
     before = [t.clone() for layer in caches.layers for t in vars(layer).values() if isinstance(t, torch.Tensor)]
-    seconds = engine.runner.warm_up(functools.partial(engine._allocate_caches, engine.config))
+    seconds = engine.runner.warm_up()
     after = [t for layer in caches.layers for t in vars(layer).values() if isinstance(t, torch.Tensor)]
     assert seconds >= 0 and engine.runner.caches is caches
     assert all(torch.equal(a, b) for a, b in zip(before, after))
@@ -104,7 +102,7 @@ def test_warm_up_runs_on_throwaway_caches(tiny_model_dir):
 
 def test_close_drops_the_graphs(tiny_model_dir):
     engine = _engine(tiny_model_dir, max_num_seqs=4)
-    engine.enable_decode_graphs(capture=False)
+    engine.runner.enable_decode_graphs(capture=False)
     engine.close()
     assert engine.runner.graphs is None and engine.runner.caches is None
 
@@ -120,7 +118,7 @@ def test_padded_buffers_with_awq_moe_and_fp8_kv(tmp_path, preset, kv):
     path = write_random_checkpoint(tmp_path / preset, spec, quant="awq", group_size=group, progress=False)
     kw = dict(model=str(path), max_model_len=1024, max_num_seqs=16, kv_cache_dtype=kv, kv_cache_memory_bytes=64 << 20)
     padded, eager = Engine(**kw), Engine(**kw)
-    padded.enable_decode_graphs(capture=False)
+    padded.runner.enable_decode_graphs(capture=False)
     prompts = [[(7 * i + 3 * j) % 400 + 1 for j in range(5 + 9 * i)] for i in range(11)]
     params = [SamplingParams(temperature=0, max_tokens=3 + 2 * i, ignore_eos=True) for i in range(11)]
     a = [o.token_ids for o in padded.generate(prompts, params)]

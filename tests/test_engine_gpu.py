@@ -50,7 +50,7 @@ def test_decode_cuda_graphs_replay_the_padded_eager_step():
     assert graphed.runner.graphs is not None and graphed.runner.graphs.capture
     padded_eager = Engine(**kw, enforce_eager=True)
     assert padded_eager.runner.graphs is None
-    padded_eager.enable_decode_graphs(capture=False)
+    padded_eager.runner.enable_decode_graphs(capture=False)
     a, b = _staggered_greedy(graphed), _staggered_greedy(padded_eager)
     assert a == b
     assert graphed.runner.graphs.num_runs >= 30
@@ -73,7 +73,7 @@ def test_graphs_with_awq_moe_and_fp8_kv(tmp_path, preset, kv):
               kv_cache_memory_bytes=256 << 20)
     graphed = Engine(**kw)
     padded_eager = Engine(**kw, enforce_eager=True)
-    padded_eager.enable_decode_graphs(capture=False)
+    padded_eager.runner.enable_decode_graphs(capture=False)
     prompts = [[(7 * i + 3 * j) % 400 + 1 for j in range(5 + 9 * i)] for i in range(11)]
     params = [SamplingParams(temperature=0, max_tokens=3 + 2 * i, ignore_eos=True) for i in range(11)]
     a = [o.token_ids for o in graphed.generate(prompts, params)]

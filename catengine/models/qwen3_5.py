@@ -7,12 +7,11 @@ import torch.nn.functional as F
 from ..errors import ConfigError
 from ..kernels import ops
 from .batch import AttentionCache, BatchMetadata, GDNStateCache, ModelCaches
+from .kv_cache_dtype import kv_cache_torch_dtype
 from .model_config import ModelConfig
 from .layers import DecoderLayer, Norm
 from .linear import WeightSlots
 from .mtp import MTPHead
-
-KV_CACHE_DTYPES = {"fp8_e5m2": torch.uint8, "fp8": torch.uint8}
 
 
 class Qwen3_5ForCausalLM:
@@ -52,20 +51,15 @@ class Qwen3_5ForCausalLM:
             self.lm_head = self.embed_tokens
 
     # ------------------------------------------------------------------ caches
-    def kv_cache_torch_dtype(self, kv_cache_dtype) -> torch.dtype:
-        if kv_cache_dtype in (None, "auto"):
-            return self.dtype
-        if isinstance(kv_cache_dtype, torch.dtype):
-            return kv_cache_dtype
-        if kv_cache_dtype in KV_CACHE_DTYPES:
-            return KV_CACHE_DTYPES[kv_cache_dtype]
-        raise ConfigError(f"kv_cache_dtype {kv_cache_dtype!r} is not supported; use 'auto' or 'fp8_e5m2'")
+    def kv_cache_torch_dtype(self, kv_cache_dtype: str) -> torch.dtype:
+        """The K/V tensors' dtype for a :data:`~catengine.models.kv_cache_dtype.KV_CACHE_DTYPES` name."""
+        return kv_cache_torch_dtype(kv_cache_dtype, self.dtype)
 
     @property
     def num_attention_caches(self) -> int:
         return len(self.config.full_attention_layers) + (1 if self.mtp is not None else 0)
 
-    def kv_cache_bytes_per_block(self, block_size: int, kv_cache_dtype="auto") -> int:
+    def kv_cache_bytes_per_block(self, block_size: int, kv_cache_dtype: str = "auto") -> int:
         c = self.config
         elem = torch.empty(0, dtype=self.kv_cache_torch_dtype(kv_cache_dtype)).element_size()
         return 2 * block_size * c.num_key_value_heads * c.head_dim * elem * self.num_attention_caches
@@ -77,7 +71,7 @@ class Qwen3_5ForCausalLM:
         return (conv + ssm) * len(c.linear_attention_layers)
 
     def allocate_caches(self, num_blocks: int, block_size: int, num_state_slots: int,
-                        kv_cache_dtype="auto", device=None) -> ModelCaches:
+                        kv_cache_dtype: str = "auto", device=None) -> ModelCaches:
         c, device = self.config, device or self.device
         kv_dtype = self.kv_cache_torch_dtype(kv_cache_dtype)
 

@@ -85,7 +85,6 @@ class SchedulerStats:
 class Scheduler:
     def __init__(self, config: SchedulerConfig):
         self.config = c = config
-        self.block_size = c.block_size
         self.caching = c.enable_prefix_caching
         self.blocks = BlockManager(c.num_blocks, c.block_size, c.enable_prefix_caching)
         self.states = StateCache(c.max_num_seqs, c.num_snapshot_slots if c.enable_prefix_caching else 0)
@@ -101,6 +100,11 @@ class Scheduler:
         self.prefix_queries = 0
         self.prefix_hits = 0
         self.num_preemptions = 0
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per KV block: the block manager's (from the memory plan through SchedulerConfig)."""
+        return self.blocks.block_size
 
     # ------------------------------------------------------------------ requests
     def check_fits(self, num_prompt_tokens: int, max_total_tokens: int) -> None:

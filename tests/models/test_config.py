@@ -77,3 +77,19 @@ def test_cache_sizes_follow_the_config():
     assert caches.layers[3].k.dtype == torch.uint8 and caches.layers[0].ssm.shape == (2, 4, 16, 16)
     with pytest.raises(ConfigError, match="kv_cache_dtype"):
         ours.allocate_caches(1, 16, 1, "int4")
+
+
+def test_one_kv_cache_dtype_vocabulary():
+    """config.py validates against the names the model maps; a name one rejects the other rejects too."""
+    from catengine import config
+    from catengine.models import kv_cache_dtype
+
+    assert config.KV_CACHE_DTYPES is kv_cache_dtype.KV_CACHE_DTYPES
+    for name in kv_cache_dtype.KV_CACHE_DTYPES:
+        config.EngineConfig(kv_cache_dtype=name).validate()
+        kv_cache_dtype.kv_cache_torch_dtype(name, torch.float16)
+    for name in ("fp8", "fp8_e4m3", "float16", None):
+        with pytest.raises(ConfigError, match="kv_cache_dtype"):
+            config.EngineConfig(kv_cache_dtype=name).validate()
+        with pytest.raises(ConfigError, match="kv_cache_dtype"):
+            kv_cache_dtype.kv_cache_torch_dtype(name, torch.float16)
