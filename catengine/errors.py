@@ -9,6 +9,11 @@ class ConfigError(CatEngineError, ValueError):
     """An engine or model setting is invalid; the message names the setting and a valid value."""
 
 
+class KernelContractError(CatEngineError):
+    """A kernel was called with tensors that break its contract (shape, dtype, layout): a bug in the caller, never
+    the client's fault (the server answers 500 and logs it)."""
+
+
 class ModelLoadError(CatEngineError):
     """A checkpoint cannot be loaded (missing/unexpected tensors, unsupported format)."""
 

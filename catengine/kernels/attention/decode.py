@@ -1,4 +1,4 @@
-"""Pieces of the paged attention kernels (:mod:`catengine.kernels.attention`) split from that file: the
+"""Pieces of the paged attention kernels (:mod:`catengine.kernels.attention.paged`) split from that file: the
 paged K/V tile gather, the exact e5m2 widening, and the pass that combines split-KV decode partials.
 """
 from __future__ import annotations
@@ -8,8 +8,8 @@ import triton.language as tl
 
 
 @triton.jit
-def _kv_tile(cache, p_table, start, m_n, kvh, o_d, BS, stride_b, stride_s, stride_h, BLOCK_N: tl.constexpr,
-             MASK: tl.constexpr):
+def kv_tile(cache, p_table, start, m_n, kvh, o_d, BS, stride_b, stride_s, stride_h, BLOCK_N: tl.constexpr,
+            MASK: tl.constexpr):
     """[BLOCK_N, len(o_d)] raw cache elements of the keys or values start + [0, BLOCK_N), gathered per row.
     Every caller's start is a multiple of BLOCK_N (the key loops step by BLOCK_N from multiples of it),
     so with power-of-two sizes a row's slot in its block is fixed and its block index is start // BS plus
@@ -42,36 +42,9 @@ def _kv_tile(cache, p_table, start, m_n, kvh, o_d, BS, stride_b, stride_s, strid
     return b_x
 
 
-# e5m2 -> fp16 on one 32-bit register holding two int16 byte pairs, i.e. four e5m2 bytes b0..b3 (ldmatrix
-# leaves the MMA operands that way: a register is two consecutive k of one operand row). The fp16 pair
-# (b0 << 8, b2 << 8) is one byte permute and the pair (b1 << 8, b3 << 8) one mask, where the shift widening
-# costs ~7 instructions per register (per-half shifts, masks and repacking). prmt d, a, b, sel: byte i of d
-# is byte sel[4i+3:4i] of {b, a} (0-3 from a, 4-7 from b, here b = 0).
-E5M2_EVEN_PTX = tl.constexpr("prmt.b32 $0, $1, 0, 0x2404;")
-E5M2_ODD_PTX = tl.constexpr("and.b32 $0, $1, 0xFF00FF00;")
-
-
 @triton.jit
-def _e5m2_pair(b_x, dtype, ASM: tl.constexpr):
-    """int16 words holding two e5m2 bytes -> (even, odd) elements, exactly (an e5m2 byte is the top
-    byte of an fp16). Kept 16-bit wide so the dot operands load from shared memory with ldmatrix.
-    ASM: the inline-PTX widening (two separate one-result ops, so that Triton still moves the operand
-    layout conversion above them onto the int16 tile); bit-identical to the shifts."""
-    if ASM:
-        b_lo = tl.inline_asm_elementwise(E5M2_EVEN_PTX, "=r,r", [b_x], dtype=tl.float16, is_pure=True,
-                                         pack=2).to(dtype)
-        b_hi = tl.inline_asm_elementwise(E5M2_ODD_PTX, "=r,r", [b_x], dtype=tl.float16, is_pure=True,
-                                         pack=2).to(dtype)
-    else:
-        b_u = b_x.to(tl.uint16, bitcast=True)
-        b_lo = (b_u << 8).to(tl.uint16).to(tl.float16, bitcast=True).to(dtype)
-        b_hi = (b_u & 0xFF00).to(tl.uint16).to(tl.float16, bitcast=True).to(dtype)
-    return b_lo, b_hi
-
-
-@triton.jit
-def _split_reduce_kernel(part_o, part_ml, out, gate, NH, NUM_SPLITS, stride_ot, stride_oh, stride_gt, stride_gh,
-                         D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HAS_GATE: tl.constexpr):
+def split_reduce_kernel(part_o, part_ml, out, gate, NH, NUM_SPLITS, stride_ot, stride_oh, stride_gt, stride_gh,
+                        D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HAS_GATE: tl.constexpr):
     """One (token, head, dims slice) per program, one pass over the splits with a running max: up to
     BLOCK_S splits are one round trip to memory, and the dims slices give a batch of 1 enough programs."""
     i_t = tl.program_id(0).to(tl.int64)

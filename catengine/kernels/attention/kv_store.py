@@ -1,8 +1,9 @@
-"""Scatter new K/V into the paged cache (twin: ``reference.store_kv``).
+"""Scatter new K/V into the paged cache (twin: ``attention.naive.store_kv``).
 
 One program per new token writes all KV heads of K and V. An fp8 e5m2 cache (uint8 bytes) is
-written with the integer round-to-nearest-even of SM70.md instead of ``.to(tl.float8e5)``, which
-does not compile for sm_70 and rounds differently across architectures in Triton 3.6.
+written with the integer round-to-nearest-even of :func:`catengine.kernels.common.e5m2_jit.fp16_to_e5m2_bits`
+(the design notes, ../shared/design/SM70.md) instead of ``.to(tl.float8e5)``, which does not compile for
+sm_70 and rounds differently across architectures in Triton 3.6.
 """
 from __future__ import annotations
 
@@ -10,21 +11,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ..errors import ConfigError
-from .aot import AotConfig
-from .arch import arch_from_cc, arch_of
+from ...errors import KernelContractError
+from ..common.aot import AotConfig
+from ..common.arch import arch_from_cc, arch_of
+from ..common.e5m2_jit import fp16_to_e5m2_bits
 
 # arch -> num_warps for one token's [nkv, d] rows (a few KB: a pure bandwidth copy)
 _WARPS = {70: 4, 80: 4, 90: 4}
-
-
-@triton.jit
-def fp16_to_e5m2_bits(x):
-    """fp16 (or anything cast to it) -> uint8 e5m2 bits, round to nearest even, NaN -> 0x7F|sign."""
-    bits = x.to(tl.float16).to(tl.uint16, bitcast=True).to(tl.int32)
-    rounded = (bits + 0x7F + ((bits >> 8) & 1)) >> 8
-    nan = ((bits & 0x8000) >> 8) | 0x7F
-    return tl.where((bits & 0x7FFF) > 0x7C00, nan, rounded & 0xFF).to(tl.uint8)
 
 
 @triton.jit
@@ -59,22 +52,23 @@ def _store_kv_kernel(key, value, k_cache, v_cache, slot_mapping, NKV, D, BS,
 
 def _check(key, value, k_cache, v_cache, slot_mapping):
     if key.shape != value.shape or key.dim() != 3:
-        raise ConfigError(f"store_kv: key/value must both be [T, nkv, d], got {tuple(key.shape)} and "
-                          f"{tuple(value.shape)}")
+        raise KernelContractError(f"store_kv: key/value must both be [T, nkv, d], got {tuple(key.shape)} and "
+                                  f"{tuple(value.shape)}")
     if k_cache.shape != v_cache.shape or k_cache.dim() != 4 or k_cache.shape[2:] != key.shape[1:]:
-        raise ConfigError(f"store_kv: caches must be [num_blocks, block_size, nkv, d] matching key "
-                          f"{tuple(key.shape)}, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+        raise KernelContractError(f"store_kv: caches must be [num_blocks, block_size, nkv, d] matching key "
+                                  f"{tuple(key.shape)}, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
     if k_cache.dtype != v_cache.dtype:
-        raise ConfigError(f"store_kv: k_cache is {k_cache.dtype} but v_cache is {v_cache.dtype}; use one dtype")
+        raise KernelContractError(f"store_kv: k_cache is {k_cache.dtype} but v_cache is {v_cache.dtype}; use one dtype")
     for name, t in (("key", key), ("value", value), ("k_cache", k_cache), ("v_cache", v_cache)):
         if t.stride(-1) != 1:
-            raise ConfigError(f"store_kv: {name} must be contiguous in its last dim (call .contiguous())")
+            raise KernelContractError(f"store_kv: {name} must be contiguous in its last dim (call .contiguous())")
     if slot_mapping.shape[0] != key.shape[0]:
-        raise ConfigError(f"store_kv: slot_mapping has {slot_mapping.shape[0]} entries for {key.shape[0]} tokens")
+        raise KernelContractError(f"store_kv: slot_mapping has {slot_mapping.shape[0]} entries for "
+                                  f"{key.shape[0]} tokens")
 
 
 def store_kv(key, value, k_cache, v_cache, slot_mapping):
-    """Triton twin of :func:`catengine.kernels.reference.store_kv` (in place)."""
+    """Triton twin of :func:`catengine.kernels.attention.naive.store_kv` (in place)."""
     _check(key, value, k_cache, v_cache, slot_mapping)
     t, nkv, d = key.shape
     if t == 0:
@@ -88,7 +82,6 @@ def store_kv(key, value, k_cache, v_cache, slot_mapping):
         num_warps=_WARPS[arch_of(key.device)])
 
 
-TRITON_OPS = {"store_kv": store_kv}
 
 
 def aot_configs(cc: int) -> list[AotConfig]:
@@ -107,4 +100,4 @@ def aot_configs(cc: int) -> list[AotConfig]:
     return out
 
 
-__all__ = ["store_kv", "fp16_to_e5m2_bits", "TRITON_OPS", "aot_configs"]
+__all__ = ["store_kv", "aot_configs"]

@@ -1,4 +1,4 @@
-"""Launch tables of the paged attention kernels (:mod:`catengine.kernels.attention`) and the helpers
+"""Launch tables of the paged attention kernels (:mod:`catengine.kernels.attention.paged`) and the helpers
 that pick a row, the decode warps and the split count; split from ``attention.py``.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Paged causal GQA attention over the KV cache (twin: ``reference.paged_attention``).
+"""Paged causal GQA attention over the KV cache (twin: ``attention.naive.paged_attention``).
 
 One kernel body, two launch shapes picked by ``max_query_len``:
 
@@ -28,16 +28,16 @@ import torch
 import triton
 import triton.language as tl
 
-from ..errors import ConfigError
-from .aot import AotConfig
-from .arch import INTERPRET, arch_from_cc, arch_of, device_key
-from .attention_decode import _e5m2_pair, _kv_tile, _split_reduce_kernel
-from .attention_launch import DECODE, DECODE_E5M2, PREFILL, AttnLaunch, decode_warps, num_decode_splits, table_launch
+from ...errors import ConfigError, KernelContractError
+from ..common.aot import AotConfig
+from ..common.arch import INTERPRET, arch_from_cc, arch_of, device_key
+from ..common.e5m2_jit import e5m2_pair
+from .decode import kv_tile, split_reduce_kernel
+from .launch import DECODE, DECODE_E5M2, PREFILL, AttnLaunch, decode_warps, num_decode_splits, table_launch
 
 DECODE_MAX_QUERY = 8          # up to this many new tokens per sequence use the split-KV decode launch
 _LOG2E = 1.4426950408889634
 REDUCE_BLOCK_S, REDUCE_BLOCK_D = 64, 64   # splits per round trip, output dims per program
-BLOCK_SIZE = 16               # the engine's default KV block size (EngineConfig.block_size), built ahead of time
 
 
 @triton.jit
@@ -46,12 +46,12 @@ def _qk(b_q, b_q2, k_cache, p_table, start, m_n, kvh, BS, stride_kb, stride_ks, 
     """[BLOCK_M, BLOCK_N] fp32 q.k for the keys start + [0, BLOCK_N); e5m2: q.k = q_even.k_even +
     q_odd.k_odd over int16 byte pairs (b_q, b_q2 = even, odd columns of q)."""
     if FP8:
-        b_k_lo, b_k_hi = _e5m2_pair(_kv_tile(k_cache, p_table, start, m_n, kvh, tl.arange(0, D // 2), BS,
-                                             stride_kb, stride_ks, stride_kh, BLOCK_N, MASK), b_q.dtype, WIDEN_ASM)
+        b_k_lo, b_k_hi = e5m2_pair(kv_tile(k_cache, p_table, start, m_n, kvh, tl.arange(0, D // 2), BS,
+                                           stride_kb, stride_ks, stride_kh, BLOCK_N, MASK), b_q.dtype, WIDEN_ASM)
         b_s = tl.dot(b_q2, tl.trans(b_k_hi), tl.dot(b_q, tl.trans(b_k_lo)))
     else:
-        b_k = _kv_tile(k_cache, p_table, start, m_n, kvh, tl.arange(0, D), BS, stride_kb, stride_ks, stride_kh,
-                       BLOCK_N, MASK)
+        b_k = kv_tile(k_cache, p_table, start, m_n, kvh, tl.arange(0, D), BS, stride_kb, stride_ks, stride_kh,
+                      BLOCK_N, MASK)
         b_s = tl.dot(b_q, tl.trans(b_k.to(b_q.dtype)))
     return b_s
 
@@ -78,25 +78,25 @@ def _attend(acc, acc2, l_i, m_i, b_q, b_q2, k_cache, v_cache, p_table, kvh, pos,
         m_i = m_new
         b_p = b_p.to(dt)
         if FP8:
-            b_v_lo, b_v_hi = _e5m2_pair(_kv_tile(v_cache, p_table, start, m_n, kvh, tl.arange(0, D // 2), BS,
-                                                 stride_vb, stride_vs, stride_vh, BLOCK_N, MASK), dt, WIDEN_ASM)
+            b_v_lo, b_v_hi = e5m2_pair(kv_tile(v_cache, p_table, start, m_n, kvh, tl.arange(0, D // 2), BS,
+                                               stride_vb, stride_vs, stride_vh, BLOCK_N, MASK), dt, WIDEN_ASM)
             acc = acc * alpha[:, None] + tl.dot(b_p, b_v_lo)
             acc2 = acc2 * alpha[:, None] + tl.dot(b_p, b_v_hi)
         else:
-            b_v = _kv_tile(v_cache, p_table, start, m_n, kvh, tl.arange(0, D), BS, stride_vb, stride_vs, stride_vh,
-                           BLOCK_N, MASK)
+            b_v = kv_tile(v_cache, p_table, start, m_n, kvh, tl.arange(0, D), BS, stride_vb, stride_vs, stride_vh,
+                          BLOCK_N, MASK)
             acc = acc * alpha[:, None] + tl.dot(b_p, b_v.to(dt))
     return acc, acc2, l_i, m_i
 
 
 @triton.jit
-def _paged_attn_kernel(q, k_cache, v_cache, out, gate, part_o, part_ml, block_tables, seq_lens,
-                       query_start_loc, qk_scale, NKV, G, TOK, NUM_QT, NUM_SPLITS, BS: tl.constexpr,
-                       stride_qt, stride_qh, stride_ot, stride_oh, stride_gt, stride_gh,
-                       stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
-                       D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr,
-                       HAS_GATE: tl.constexpr, SPLIT: tl.constexpr, TWO_PHASE: tl.constexpr,
-                       WIDEN_ASM: tl.constexpr):
+def paged_attn_kernel(q, k_cache, v_cache, out, gate, part_o, part_ml, block_tables, seq_lens,
+                      query_start_loc, qk_scale, NKV, G, TOK, NUM_QT, NUM_SPLITS, BS: tl.constexpr,
+                      stride_qt, stride_qh, stride_ot, stride_oh, stride_gt, stride_gh,
+                      stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
+                      D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr,
+                      HAS_GATE: tl.constexpr, SPLIT: tl.constexpr, TWO_PHASE: tl.constexpr,
+                      WIDEN_ASM: tl.constexpr):
     i_qt = NUM_QT - 1 - tl.program_id(0)
     i_bk = tl.program_id(1)
     i_s = tl.program_id(2)
@@ -178,36 +178,36 @@ def _inline_ptx(device: torch.device) -> bool:
 
 def _check(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, gate):
     if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        raise ConfigError(f"paged_attention: q must be [T, nh, d] and caches [num_blocks, block_size, nkv, d]; "
-                          f"got q {tuple(q.shape)}, k {tuple(k_cache.shape)}, v {tuple(v_cache.shape)}")
+        raise KernelContractError(f"paged_attention: q must be [T, nh, d] and caches [num_blocks, block_size, nkv, "
+                                  f"d]; got q {tuple(q.shape)}, k {tuple(k_cache.shape)}, v {tuple(v_cache.shape)}")
     nh, d, nkv = q.shape[1], q.shape[2], k_cache.shape[2]
     if k_cache.shape[3] != d or nh % nkv:
-        raise ConfigError(f"paged_attention: head_dim {d} vs cache {k_cache.shape[3]}, or {nh} query heads "
-                          f"not a multiple of {nkv} KV heads")
+        raise KernelContractError(f"paged_attention: head_dim {d} vs cache {k_cache.shape[3]}, or {nh} query heads "
+                                  f"not a multiple of {nkv} KV heads")
     if d not in (64, 128, 256):
         raise ConfigError(f"paged_attention: head_dim {d} has no launch config; supported: 64, 128, 256")
     if nh // nkv > 64:
         raise ConfigError(f"paged_attention: GQA group of {nh // nkv} heads exceeds 64 rows per tile")
     if gate is not None and gate.shape != q.shape:
-        raise ConfigError(f"paged_attention: gate {tuple(gate.shape)} must match q {tuple(q.shape)}")
+        raise KernelContractError(f"paged_attention: gate {tuple(gate.shape)} must match q {tuple(q.shape)}")
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("gate", gate)):
         if x is not None and x.stride(-1) != 1:
-            raise ConfigError(f"paged_attention: {name} must be contiguous in its last dim")
+            raise KernelContractError(f"paged_attention: {name} must be contiguous in its last dim")
     if block_tables.stride(-1) != 1 or block_tables.dtype != torch.int32:
-        raise ConfigError("paged_attention: block_tables must be a row-contiguous int32 tensor")
+        raise KernelContractError("paged_attention: block_tables must be a row-contiguous int32 tensor")
     if seq_lens.dtype != torch.int32 or query_start_loc.dtype != torch.int32:
-        raise ConfigError("paged_attention: seq_lens and query_start_loc must be int32")
+        raise KernelContractError("paged_attention: seq_lens and query_start_loc must be int32")
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale: float,
                     max_query_len: int, max_seq_len: int, gate=None):
-    """Triton twin of :func:`catengine.kernels.reference.paged_attention`."""
-    return _paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
-                            max_query_len, max_seq_len, gate)
+    """Triton twin of :func:`catengine.kernels.attention.naive.paged_attention`."""
+    return paged_attention_with(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
+                                max_query_len, max_seq_len, gate)
 
 
-def _paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, max_query_len,
-                     max_seq_len, gate=None, arch=None, num_splits=None, cfg: AttnLaunch | None = None):
+def paged_attention_with(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, max_query_len,
+                         max_seq_len, gate=None, arch=None, num_splits=None, cfg: AttnLaunch | None = None):
     """``arch``, ``num_splits`` and ``cfg`` override the table row, the split count and the launch
     (tests run every row in the interpreter; the benchmark compares candidate launches)."""
     _check(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, gate)
@@ -244,7 +244,7 @@ def _paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_lo
         part_ml = torch.empty((t, nh, num_splits, 2), dtype=torch.float32, device=q.device)
     else:  # unused: a placeholder of the same pointer type keeps one compiled signature
         part_o = part_ml = torch.empty(1, dtype=torch.float32, device=q.device)
-    _paged_attn_kernel[(num_qt, b * nkv, num_splits)](
+    paged_attn_kernel[(num_qt, b * nkv, num_splits)](
         q, k_cache, v_cache, out, g_arg, part_o, part_ml, block_tables, seq_lens, query_start_loc,
         scale * _LOG2E, nkv, g, tok, num_qt, num_splits, bs,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), g_arg.stride(0), g_arg.stride(1),
@@ -254,14 +254,13 @@ def _paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_lo
         TWO_PHASE=cfg.two_phase, WIDEN_ASM=fp8 and cfg.widen_asm and _inline_ptx(q.device),
         num_warps=num_warps, num_stages=cfg.num_stages)
     if split:
-        _split_reduce_kernel[(t, nh, d // REDUCE_BLOCK_D)](
+        split_reduce_kernel[(t, nh, d // REDUCE_BLOCK_D)](
             part_o, part_ml, out, g_arg, nh, num_splits, out.stride(0), out.stride(1),
             g_arg.stride(0), g_arg.stride(1), D=d, BLOCK_S=REDUCE_BLOCK_S, BLOCK_D=REDUCE_BLOCK_D,
             HAS_GATE=has_gate, num_warps=4)
     return out
 
 
-TRITON_OPS = {"paged_attention": paged_attention}
 
 
 def _attn_signature(act: str, kv: str) -> dict:
@@ -278,6 +277,15 @@ def _attn_signature(act: str, kv: str) -> dict:
     return sig
 
 
+def engine_block_size() -> int:
+    """The KV block size the engine runs unless told otherwise. The kernel specialises on it (``BS`` is a
+    constexpr: the key-tile gather picks its index math from it), so the ahead-of-time build needs it; its one
+    owner is the default of ``EngineConfig.block_size`` (catengine/config.py), read here and only here, for
+    the ahead-of-time list (the launcher takes the block size from the cache tensor's shape)."""
+    from ...config import EngineConfig
+    return next(f.default for f in dataclasses.fields(EngineConfig) if f.name == "block_size")
+
+
 def aot_configs(cc: int) -> list[AotConfig]:
     """Every table row, for the gated Qwen3.5 layer in the arch's model dtype (fp16 on sm_70, bf16 on
     sm_80+) and the engine's default block size, with the model-dtype cache and, for d = 256, the e5m2
@@ -285,13 +293,14 @@ def aot_configs(cc: int) -> list[AotConfig]:
     decode row with the other widening too (the inline PTX must assemble for sm_70 and sm_90)."""
     arch = arch_from_cc(cc)
     act = "fp16" if arch == 70 else "bf16"
+    block_size = engine_block_size()
     out = []
 
     def add(c: AttnLaunch, kv: str, d: int, bm: int, split: bool, name: str):
-        consts = dict(BS=BLOCK_SIZE, D=d, BLOCK_M=bm, BLOCK_N=c.block_n, FP8=kv == "u8", HAS_GATE=True,
+        consts = dict(BS=block_size, D=d, BLOCK_M=bm, BLOCK_N=c.block_n, FP8=kv == "u8", HAS_GATE=True,
                       SPLIT=split, TWO_PHASE=c.two_phase, WIDEN_ASM=kv == "u8" and c.widen_asm)
         warps = c.num_warps if name == "prefill" else decode_warps(c, bm)
-        out.append(AotConfig("_paged_attn_kernel", _attn_signature(act, kv), consts, warps, c.num_stages,
+        out.append(AotConfig("paged_attn_kernel", _attn_signature(act, kv), consts, warps, c.num_stages,
                              f"{name} d{d} kv {kv} rows {bm} split {split} widen_asm {consts['WIDEN_ASM']}"))
 
     for d in (64, 128, 256):
@@ -306,10 +315,10 @@ def aot_configs(cc: int) -> list[AotConfig]:
         sig = {"part_o": "*fp32", "part_ml": "*fp32", "out": f"*{act}", "gate": f"*{act}"}
         sig.update({n: "i32" for n in ("NH", "NUM_SPLITS", "stride_ot", "stride_oh", "stride_gt", "stride_gh")})
         sig.update(D="constexpr", BLOCK_S="constexpr", BLOCK_D="constexpr", HAS_GATE="constexpr")
-        out.append(AotConfig("_split_reduce_kernel", sig, dict(D=d, BLOCK_S=REDUCE_BLOCK_S, BLOCK_D=REDUCE_BLOCK_D,
-                                                                HAS_GATE=True), 4, 1, f"split reduce d{d}"))
+        out.append(AotConfig("split_reduce_kernel", sig, dict(D=d, BLOCK_S=REDUCE_BLOCK_S, BLOCK_D=REDUCE_BLOCK_D,
+                                                              HAS_GATE=True), 4, 1, f"split reduce d{d}"))
     return out
 
 
-__all__ = ["paged_attention", "num_decode_splits", "PREFILL", "DECODE", "DECODE_E5M2", "DECODE_MAX_QUERY", "TRITON_OPS",
+__all__ = ["paged_attention", "num_decode_splits", "PREFILL", "DECODE", "DECODE_E5M2", "DECODE_MAX_QUERY",
            "aot_configs", "AttnLaunch", "table_launch", "decode_warps"]

@@ -1,7 +1,8 @@
-"""Ahead-of-time compilation of kernel configurations for a GPU we may not have (SM70.md).
+"""Ahead-of-time compilation of kernel configurations for a GPU we may not have (the design notes,
+../shared/design/SM70.md).
 
 Each Triton module lists its launch configurations with ``aot_configs(cc) -> list[AotConfig]``
-(the same per-architecture table it launches with). ``python -m catengine.kernels.aot MODULE CC``
+(the same per-architecture table it launches with). ``python -m catengine.kernels.common.aot MODULE CC``
 compiles them all and prints one JSON line per configuration; the tests call it in a subprocess
 because the Triton interpreter (``TRITON_INTERPRET=1``) replaces ``triton.jit`` functions with
 objects the compiler cannot take.
@@ -73,7 +74,7 @@ def overwritten_wgmma_operands(ttgir: str) -> list[str]:
 def compile_module(module_name: str, cc: int) -> list[dict]:
     """Run in a fresh interpreter without TRITON_INTERPRET; returns one result per configuration."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-m", "catengine.kernels.aot", module_name, str(cc)],
+    out = subprocess.run([sys.executable, "-m", "catengine.kernels.common.aot", module_name, str(cc)],
                          env=env, capture_output=True, text=True, timeout=900)
     if out.returncode:
         raise RuntimeError(f"AOT compile of {module_name} for sm_{cc} failed:\n{out.stderr[-4000:]}")

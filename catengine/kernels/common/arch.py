@@ -1,4 +1,5 @@
-"""Per-architecture rows of the kernels' launch tables (ARCHITECTURE.md, SM70.md).
+"""Per-architecture rows of the kernels' launch tables (the design notes,
+../shared/design/ARCHITECTURE.md and SM70.md).
 
 Every Triton module keys its launch table by one of three rows: 70 (Volta/Turing: no bf16, no
 cp.async), 80 (Ampere/Ada) and 90 (Hopper and newer). These helpers map a compute capability or a

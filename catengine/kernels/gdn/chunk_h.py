@@ -1,10 +1,10 @@
 """Gated DeltaNet chunked prefill, the kernels that walk a sequence's chunks in order (sequence x value
-head x dv block); the host side and the table are in :mod:`catengine.kernels.gated_delta_rule`.
+head x dv block); the host side and the table are in :mod:`catengine.kernels.gdn.chunk`.
 
 - ``gdn_chunk_h_kernel`` (the split prefill, stage 2) carries only the state: per chunk it stores S
   (the state at the chunk's start, activation dtype) to a per-chunk buffer, then v_new = u - w S
   (stored too) and S = e^{g_last} S + (k e^{g_last - g})^T v_new. Two dependent products per chunk
-  and nothing else on the serial path: the output moved to :mod:`.gdn_chunk_o`. Same structure as
+  and nothing else on the serial path: the output moved to :mod:`.chunk_o`. Same structure as
   flash-linear-attention's chunk_gated_delta_rule_fwd_h.
 - ``gdn_chunk_scan_kernel`` (the scan prefill) does all of it per chunk with X from
   ``gdn_chunk_inv_kernel``: v_new = X (beta v - (beta k e^g) S), o = (q e^g) S + tril(q k^T *
@@ -43,7 +43,7 @@ def gdn_chunk_h_kernel(k, w, u, g, kn, vn, hb, ssm, qsl, cu_chunks, state_slots,
                        BK: tl.constexpr, BV: tl.constexpr):
     # the host gives BK >= 64 even for dk = 32 (rows >= K are masked to zero and stay zero in the
     # state), so that the update k^T v_new builds as a wgmma like w S, not as an M = 32 mma.sync
-    # beside it (gated_delta_rule.SPLIT_MIN_BLOCK says what the H200 showed). BK = 128 is held as two
+    # beside it (table.SPLIT_MIN_BLOCK says what the H200 showed). BK = 128 is held as two
     # 64-row blocks, each product split in two, as flash-linear-attention's kernel does (H200, this
     # kernel alone at 1 x 8K / 1 x 64K: 0.268 / 2.04 ms as one 128-row block, 0.253 / 1.97 as two;
     # fla's 0.207 at 1 x 8K).

@@ -1,15 +1,15 @@
 """Gated DeltaNet chunked prefill (the split form), stage 3: the output, all chunks in parallel (chunk x
-value head x dv block), from the per-chunk start states and v_new that :mod:`.gdn_chunk_h` stored:
+value head x dv block), from the per-chunk start states and v_new that :mod:`.chunk_h` stored:
 o = e^g (q S_chunk) + tril(q k^T * e^{g_i - g_j}) v_new, q and k l2-normalised by scaling the rows
 and columns of the fp32 products (q, k go to the tensor cores as stored). The host side is in
-:mod:`catengine.kernels.gated_delta_rule`; same structure as flash-linear-attention's chunk_fwd_o.
+:mod:`catengine.kernels.gdn.chunk`; same structure as flash-linear-attention's chunk_fwd_o.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from .gdn_chunk_wy import _chunk_of
+from .chunk_wy import chunk_of
 
 
 @triton.jit
@@ -18,7 +18,7 @@ def gdn_chunk_o_kernel(q, k, vn, hb, g, kn, o, qsl, cu_chunks, c_lo, B, HV, R, s
                        V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr):
     i_c, i_h, i_v = tl.program_id(0) + c_lo, tl.program_id(1), tl.program_id(2)
     i_hk = i_h // R
-    t, eos = _chunk_of(qsl, cu_chunks, B, i_c)
+    t, eos = chunk_of(qsl, cu_chunks, B, i_c)
     if t >= eos:
         return
     DT = hb.dtype.element_ty

@@ -1,6 +1,6 @@
 """Gated DeltaNet chunked prefill, stage 1: the WY / UT transform of each chunk (the host side and the
-table are in :mod:`catengine.kernels.gated_delta_rule`, the later stages in :mod:`.gdn_chunk_h` and
-:mod:`.gdn_chunk_o`).
+table are in :mod:`catengine.kernels.gdn.chunk`, the later stages in :mod:`.chunk_h` and
+:mod:`.chunk_o`).
 
 Per (chunk, value head): l2norm(k), the cumulative log decay g, A = beta K K^T * e^{g_i - g_j}
 (strictly lower) and X = (I + A)^-1 by forward substitution on the four 16x16 diagonal blocks and
@@ -30,7 +30,7 @@ def _find_seq(cu, n, i):
 
 
 @triton.jit
-def _chunk_of(qsl, cu_chunks, B, i_c):
+def chunk_of(qsl, cu_chunks, B, i_c):
     """(first token, end of its sequence) of global chunk i_c; first >= end for the unused tail."""
     i_b = _find_seq(cu_chunks, B, i_c)
     eos = tl.load(qsl + i_b + 1)
@@ -92,10 +92,10 @@ def gdn_chunk_wy_kernel(k, v, g, beta, w, u, kn, qsl, cu_chunks, c_lo, B, HV, R,
                         stride_v_h, stride_g_t, stride_beta_t, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
                         BV: tl.constexpr, USE_L2NORM: tl.constexpr, DOT: tl.constexpr):
     """w [T, Hv, dk], u [T, Hv, dv] (activation dtype) and the key norms kn [T, Hv] (fp32). The host
-    gives BK, BV >= 64 (gated_delta_rule.SPLIT_MIN_BLOCK): 32-wide blocks gave wrong w, u on the H200."""
+    gives BK, BV >= 64 (table.SPLIT_MIN_BLOCK): 32-wide blocks gave wrong w, u on the H200."""
     i_c, i_h = tl.program_id(0) + c_lo, tl.program_id(1)
     i_hk = i_h // R
-    t, eos = _chunk_of(qsl, cu_chunks, B, i_c)
+    t, eos = chunk_of(qsl, cu_chunks, B, i_c)
     if t >= eos:
         return
     DT = w.dtype.element_ty
@@ -130,7 +130,7 @@ def gdn_chunk_inv_kernel(k, g, beta, x, qsl, cu_chunks, c_lo, B, HV, R, stride_k
                          DOT: tl.constexpr):
     """X = (I + A)^-1 of each chunk to x[t, h, 0:64] (row t of its chunk's X), for the scan."""
     i_c, i_h = tl.program_id(0) + c_lo, tl.program_id(1)
-    t, eos = _chunk_of(qsl, cu_chunks, B, i_c)
+    t, eos = chunk_of(qsl, cu_chunks, B, i_c)
     if t >= eos:
         return
     o_t = tl.arange(0, 64)

@@ -18,8 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .aot import AotConfig
-from .arch import arch_from_cc, arch_of
+from ..common.aot import AotConfig
+from ..common.arch import arch_from_cc, arch_of
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class ConvTable:
 # 0.481, (16, 1024, 4) 0.489, (32, 512, 2) 0.523; the former [BT, BC] tile with shifted tap loads 0.507
 # at best. ptxas: 64 registers, no spills. sm_80 and sm_70 follow it unmeasured (sm_70: 1 stage, as
 # there is no loop to pipeline anyway).
-_TABLE = {
+TABLE = {
     70: ConvTable(ConvLaunch(16, 512, 4, 1), ConvLaunch(1, 256, 2, 1), ConvLaunch(1, 256, 2, 1)),
     80: ConvTable(ConvLaunch(16, 512, 4, 1), ConvLaunch(1, 256, 2, 1), ConvLaunch(1, 512, 4, 1)),
     90: ConvTable(ConvLaunch(16, 512, 4, 1), ConvLaunch(1, 512, 4, 1), ConvLaunch(1, 512, 4, 1)),
@@ -50,9 +50,9 @@ _TABLE = {
 
 
 @functools.cache
-def _device_table(device: torch.device) -> ConvTable:
+def device_table(device: torch.device) -> ConvTable:
     # the interpreter (CI) gets the sm_80 row: any entry works there
-    return _TABLE[arch_of(device)]
+    return TABLE[arch_of(device)]
 
 
 @triton.jit
@@ -235,17 +235,17 @@ def _rows(t):
 
 def causal_conv1d(x, weight, conv_states, query_start_loc, state_slots, has_initial_state,
                   activation: str | None = "silu"):
-    """Triton twin of :func:`catengine.kernels.reference.causal_conv1d` (same signature)."""
-    return _conv(x, weight, conv_states, query_start_loc, state_slots, has_initial_state, activation, None)
+    """Triton twin of :func:`catengine.kernels.gdn.naive.causal_conv1d` (same signature)."""
+    return causal_conv1d_with(x, weight, conv_states, query_start_loc, state_slots, has_initial_state, activation, None)
 
 
 def causal_conv1d_update(x, weight, conv_states, state_slots, activation: str | None = "silu"):
-    """Triton twin of :func:`catengine.kernels.reference.causal_conv1d_update` (same signature)."""
-    return _conv_update(x, weight, conv_states, state_slots, activation, None)
+    """Triton twin of :func:`catengine.kernels.gdn.naive.causal_conv1d_update` (same signature)."""
+    return causal_conv1d_update_with(x, weight, conv_states, state_slots, activation, None)
 
 
-def _conv(x, weight, conv_states, query_start_loc, state_slots, has_initial_state, activation,
-          table: ConvTable | None):
+def causal_conv1d_with(x, weight, conv_states, query_start_loc, state_slots, has_initial_state, activation,
+                       table: ConvTable | None):
     """causal_conv1d with an explicit table (None: this device's); the benchmark tries others."""
     _check(x, weight, conv_states)
     x, weight = _rows(x), _rows(weight)
@@ -255,7 +255,7 @@ def _conv(x, weight, conv_states, query_start_loc, state_slots, has_initial_stat
     out = torch.empty((t, c), dtype=x.dtype, device=x.device)
     if t == 0 or b == 0:
         return out
-    cfg = table or _device_table(x.device)
+    cfg = table or device_table(x.device)
     f = cfg.fwd
     causal_conv1d_fwd_kernel[(triton.cdiv(t, f.BT), triton.cdiv(c, f.BC))](
         x, weight, conv_states, query_start_loc, state_slots, has_initial_state, out,
@@ -268,7 +268,7 @@ def _conv(x, weight, conv_states, query_start_loc, state_slots, has_initial_stat
     return out
 
 
-def _conv_update(x, weight, conv_states, state_slots, activation, table: ConvTable | None):
+def causal_conv1d_update_with(x, weight, conv_states, state_slots, activation, table: ConvTable | None):
     _check(x, weight, conv_states)
     x, weight = _rows(x), _rows(weight)
     b, c = x.shape
@@ -276,7 +276,7 @@ def _conv_update(x, weight, conv_states, state_slots, activation, table: ConvTab
     out = torch.empty((b, c), dtype=x.dtype, device=x.device)
     if b == 0:
         return out
-    u = (table or _device_table(x.device)).update
+    u = (table or device_table(x.device)).update
     causal_conv1d_update_kernel[(b, triton.cdiv(c, u.BC))](
         x, weight, conv_states, state_slots, out, c, x.stride(0), out.stride(0), conv_states.stride(0),
         weight.stride(0), KC=kc, KP=triton.next_power_of_2(kc), BC=u.BC, SILU=activation == "silu",
@@ -284,14 +284,13 @@ def _conv_update(x, weight, conv_states, state_slots, activation, table: ConvTab
     return out
 
 
-TRITON_OPS = {"causal_conv1d": causal_conv1d, "causal_conv1d_update": causal_conv1d_update}
 
 
 def aot_configs(cc: int) -> list[AotConfig]:
     """Every launch configuration of this architecture's table, for the model's Kc = 4 and each
     activation dtype each architecture serves (fp16 on sm_70, which has no bf16; bf16
     from sm_80 on: the fp16 build of the same tiles has the same shared-memory footprint)."""
-    cfg = _TABLE[arch_from_cc(cc)]
+    cfg = TABLE[arch_from_cc(cc)]
     dtypes = ["fp16"] if cc < 80 else ["bf16"]
     out = []
     for dt in dtypes:

@@ -1,5 +1,5 @@
-"""Gated DeltaNet gating and recurrent decode / speculative verify (twins: ``reference.gdn_gating``,
-``reference.recurrent_gated_delta_rule``); split from :mod:`catengine.kernels.gated_delta_rule`,
+"""Gated DeltaNet gating and recurrent decode / speculative verify (twins: ``gdn.naive.gdn_gating``,
+``gdn.naive.recurrent_gated_delta_rule``); split from :mod:`catengine.kernels.gdn.chunk`,
 whose launch table (``rec_bv``, ``rec_warps``) and input checks they share.
 """
 from __future__ import annotations
@@ -8,9 +8,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .aot import AotConfig
-from .arch import arch_from_cc
-from .gated_delta_rule import AOT_DIMS, _TABLE, GDNTable, _aot, _device_table, _pad, _prepare, _rows, aot_dtype
+from ..common.aot import AotConfig
+from ..common.arch import arch_from_cc
+from .table import AOT_DIMS, TABLE, GDNTable, aot_config, aot_dtype, device_table, pad, prepare, rows
 
 
 # ---------------------------------------------------------------- gating
@@ -95,8 +95,8 @@ def gdn_recurrent_kernel(q, k, v, g, beta, o, ssm, qsl, state_slots, has_init, i
 
 # ---------------------------------------------------------------- host side
 def gdn_gating(A_log, a, dt_bias, b):
-    """Triton twin of :func:`catengine.kernels.reference.gdn_gating` (same signature)."""
-    a, b = _rows(a), _rows(b)
+    """Triton twin of :func:`catengine.kernels.gdn.naive.gdn_gating` (same signature)."""
+    a, b = rows(a), rows(b)
     t, hv = a.shape
     g = torch.empty((t, hv), dtype=torch.float32, device=a.device)
     beta = torch.empty_like(g)
@@ -111,21 +111,21 @@ def gdn_gating(A_log, a, dt_bias, b):
 def recurrent_gated_delta_rule(q, k, v, g, beta, ssm_states, query_start_loc, state_slots,
                                has_initial_state, scale: float, use_qk_l2norm: bool = True,
                                intermediate_state_slots=None):
-    """Triton twin of :func:`catengine.kernels.reference.recurrent_gated_delta_rule` (same signature)."""
-    return _recurrent(q, k, v, g, beta, ssm_states, query_start_loc, state_slots, has_initial_state, scale,
-                      use_qk_l2norm, intermediate_state_slots, None)
+    """Triton twin of :func:`catengine.kernels.gdn.naive.recurrent_gated_delta_rule` (same signature)."""
+    return recurrent_gated_delta_rule_with(q, k, v, g, beta, ssm_states, query_start_loc, state_slots,
+                                           has_initial_state, scale, use_qk_l2norm, intermediate_state_slots, None)
 
 
-def _recurrent(q, k, v, g, beta, ssm_states, qsl, state_slots, has_init, scale, use_qk_l2norm, inter,
-               table: GDNTable | None):
+def recurrent_gated_delta_rule_with(q, k, v, g, beta, ssm_states, qsl, state_slots, has_init, scale, use_qk_l2norm,
+                                    inter, table: GDNTable | None):
     """recurrent_gated_delta_rule with an explicit table (None: this device's); the benchmark tries others."""
-    q, k, v, g, beta, o, nb = _prepare(q, k, v, g, beta, ssm_states, qsl)
+    q, k, v, g, beta, o, nb = prepare(q, k, v, g, beta, ssm_states, qsl)
     t, hk, dk = q.shape
     hv, dv = v.shape[1:]
     if t == 0 or nb == 0:
         return o
-    cfg = table or _device_table(v.device)
-    bk, bv = _pad(dk), min(cfg.rec_bv, _pad(dv))
+    cfg = table or device_table(v.device)
+    bk, bv = pad(dk), min(cfg.rec_bv, pad(dv))
     has_inter = inter is not None
     inter_arg = inter if has_inter else state_slots
     gdn_recurrent_kernel[(nb * hv * triton.cdiv(dv, bv),)](
@@ -137,21 +137,17 @@ def _recurrent(q, k, v, g, beta, ssm_states, qsl, state_slots, has_init, scale, 
     return o
 
 
-TRITON_OPS = {
-    "gdn_gating": gdn_gating,
-    "recurrent_gated_delta_rule": recurrent_gated_delta_rule,
-}
 
 
 def aot_configs(cc: int) -> list[AotConfig]:
     """The gating kernel and every recurrent launch of this architecture's table at the model's head
     dims (dk = dv = 128), in the activation dtype the architecture serves."""
-    c = _TABLE[arch_from_cc(cc)]
+    c = TABLE[arch_from_cc(cc)]
     dt = aot_dtype(cc)
     p, f32, i32 = f"*{dt}", "*fp32", "*i32"
     ptrs = {"q": p, "k": p, "v": p, "g": f32, "beta": f32, "o": p, "ssm": f32, "qsl": i32,
             "state_slots": i32, "has_init": "*i1", "inter": i32}
-    return [_aot(gdn_gating_kernel, {"A_log": f32, "a": p, "dt_bias": f32, "b": p, "g": f32, "beta": f32},
-                 {"BT": 32, "BH": 64}, 4, 1, f"gating_{dt}")] + [
-        _aot(gdn_recurrent_kernel, ptrs, dict(AOT_DIMS, BV=c.rec_bv, HAS_INTER=inter), c.rec_warps, 1,
-             f"recurrent{'_inter' if inter else ''}_{dt}") for inter in (False, True)]
+    return [aot_config(gdn_gating_kernel, {"A_log": f32, "a": p, "dt_bias": f32, "b": p, "g": f32, "beta": f32},
+                       {"BT": 32, "BH": 64}, 4, 1, f"gating_{dt}")] + [
+        aot_config(gdn_recurrent_kernel, ptrs, dict(AOT_DIMS, BV=c.rec_bv, HAS_INTER=inter), c.rec_warps, 1,
+                   f"recurrent{'_inter' if inter else ''}_{dt}") for inter in (False, True)]

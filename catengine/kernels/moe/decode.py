@@ -1,16 +1,16 @@
-"""Decode path of :func:`catengine.kernels.fused_moe.fused_moe` for W4A16 experts and a few tokens.
+"""Decode path of :func:`catengine.kernels.moe.fused.fused_moe` for W4A16 experts and a few tokens.
 
 A decode step of Qwen3.6-35B-A3B reads ~12.6 MB (the 8 chosen experts' packed weights and scales),
 ~3 us at 4.2 TB/s. The earlier row kernels (16-32 column programs over all of K, then a split-K reduce
 launch) took 15.5 us for one token on the H200. Here each chosen expert's weight is cut along N and
 K into one-tile programs with the dense GEMV's tiles and half2 weight math
-(:mod:`catengine.kernels.w4a16_gemv`):
+(:mod:`catengine.kernels.w4a16.gemv`):
 
-- ``_moe_up_decode_kernel``: program (column tile, K split, row = token * top_k + slot) reads gate
+- ``moe_up_decode_kernel``: program (column tile, K split, row = token * top_k + slot) reads gate
   columns n and up columns I + n of the row's expert over its K range. With a split, fp32 partials
   go to a scratch buffer and the last program of each (column tile, row) to arrive at an acq_rel
   counter sums them in split order, applies silu(gate) * up and stores h (activation dtype).
-- ``_moe_down_decode_kernel``: K is a token's top_k experts back to back (top_k * I rows); program
+- ``moe_down_decode_kernel``: K is a token's top_k experts back to back (top_k * I rows); program
   (column tile, K split, token) reads its tiles (never straddling two experts) with the routing
   weight folded into the per-block scale, and the last arrival sums the splits in order and writes
   the output: the weighted combine needs no launch of its own.
@@ -37,16 +37,16 @@ import torch
 import triton
 import triton.language as tl
 
-from .aot import AotConfig
-from .w4a16 import INTERPRET, GemvConfig, gemv_tile, pick_split, split_counters
-from .w4a16_gemv import _gemv_rows, _gemv_tile, _last_split_reduces
+from ..common.aot import AotConfig
+from ..w4a16.gemm import INTERPRET, GemvConfig, gemv_tile, pick_split, split_counters
+from ..w4a16.gemv import gemv_block_tile, gemv_rows, last_split_reduces
 
 
 @triton.jit
-def _moe_up_decode_kernel(x_ptr, w_ptr, s_ptr, z_ptr, id_ptr, h_ptr, part_ptr, count_ptr, TK, H, I, stride_xm,
-                          nib, n_split, TOPK: tl.constexpr, G: tl.constexpr, BN: tl.constexpr, R: tl.constexpr,
-                          SR: tl.constexpr, SPLIT: tl.constexpr, F16X2: tl.constexpr, ASM: tl.constexpr,
-                          PDL: tl.constexpr):
+def moe_up_decode_kernel(x_ptr, w_ptr, s_ptr, z_ptr, id_ptr, h_ptr, part_ptr, count_ptr, TK, H, I, stride_xm,
+                         nib, n_split, TOPK: tl.constexpr, G: tl.constexpr, BN: tl.constexpr, R: tl.constexpr,
+                         SR: tl.constexpr, SPLIT: tl.constexpr, F16X2: tl.constexpr, ASM: tl.constexpr,
+                         PDL: tl.constexpr):
     """PDL 1: the down kernel may start once every program here has begun (it reads only what was
     written before this kernel started until its own gdc_wait); 2: this kernel too is a programmatic
     dependent of the one before it, so it first waits for that one (the routing) to complete."""
@@ -70,13 +70,13 @@ def _moe_up_decode_kernel(x_ptr, w_ptr, s_ptr, z_ptr, id_ptr, h_ptr, part_ptr, c
     acc_u = tl.zeros([BN, R // SR, 1], tl.float32)
     for kb in range(kb_per * i_s, kb_end):
         # both tiles' loads are issued before either's math
-        g_q, g_a, g_b, g_c = _gemv_tile(p_w, p_s, p_z, kb * 8 * R, o_n, m_n, 2 * I, G, R, SR, F16X2, ASM)
-        u_q, u_a, u_b, u_c = _gemv_tile(p_w + I, p_s + I, p_z + I, kb * 8 * R, o_n, m_n, 2 * I, G, R, SR, F16X2,
-                                        ASM)
-        acc_g, _, _, _ = _gemv_rows(acc_g, acc_g, acc_g, acc_g, g_q, g_a, g_b, g_c, p_x, 0, 0, 1, kb * 8 * R, nib,
-                                    R, SR, 1, F16X2)
-        acc_u, _, _, _ = _gemv_rows(acc_u, acc_u, acc_u, acc_u, u_q, u_a, u_b, u_c, p_x, 0, 0, 1, kb * 8 * R, nib,
-                                    R, SR, 1, F16X2)
+        g_q, g_a, g_b, g_c = gemv_block_tile(p_w, p_s, p_z, kb * 8 * R, o_n, m_n, 2 * I, G, R, SR, F16X2, ASM)
+        u_q, u_a, u_b, u_c = gemv_block_tile(p_w + I, p_s + I, p_z + I, kb * 8 * R, o_n, m_n, 2 * I, G, R, SR, F16X2,
+                                             ASM)
+        acc_g, _, _, _ = gemv_rows(acc_g, acc_g, acc_g, acc_g, g_q, g_a, g_b, g_c, p_x, 0, 0, 1, kb * 8 * R, nib,
+                                   R, SR, 1, F16X2)
+        acc_u, _, _, _ = gemv_rows(acc_u, acc_u, acc_u, acc_u, u_q, u_a, u_b, u_c, p_x, 0, 0, 1, kb * 8 * R, nib,
+                                   R, SR, 1, F16X2)
     b_g = tl.sum(tl.sum(acc_g, axis=2), axis=1)
     b_u = tl.sum(tl.sum(acc_u, axis=2), axis=1)
     if not SPLIT:
@@ -104,10 +104,10 @@ def _moe_up_decode_kernel(x_ptr, w_ptr, s_ptr, z_ptr, id_ptr, h_ptr, part_ptr, c
 
 
 @triton.jit
-def _moe_down_decode_kernel(h_ptr, w_ptr, s_ptr, z_ptr, id_ptr, tw_ptr, y_ptr, part_ptr, count_ptr, T, H, I, nib,
-                            n_split, TOPK: tl.constexpr, G: tl.constexpr, BN: tl.constexpr, R: tl.constexpr,
-                            SR: tl.constexpr, SPLIT: tl.constexpr, F16X2: tl.constexpr, ASM: tl.constexpr,
-                            PDL: tl.constexpr):
+def moe_down_decode_kernel(h_ptr, w_ptr, s_ptr, z_ptr, id_ptr, tw_ptr, y_ptr, part_ptr, count_ptr, T, H, I, nib,
+                           n_split, TOPK: tl.constexpr, G: tl.constexpr, BN: tl.constexpr, R: tl.constexpr,
+                           SR: tl.constexpr, SPLIT: tl.constexpr, F16X2: tl.constexpr, ASM: tl.constexpr,
+                           PDL: tl.constexpr):
     """PDL: launched as a programmatic dependent of the up kernel, so it may run while that one does:
     ids and routing weights (written before the up kernel started) and the weights are read at once,
     h only after gdc_wait (the up kernel complete and its stores visible)."""
@@ -124,14 +124,14 @@ def _moe_down_decode_kernel(h_ptr, w_ptr, s_ptr, z_ptr, id_ptr, tw_ptr, y_ptr, p
         k0 = (kb % n_ib) * 8 * R
         i_e = tl.load(id_ptr + i_t * TOPK + j).to(tl.int64)
         b_tw = tl.load(tw_ptr + i_t * TOPK + j)
-        b_q, b_a, b_b, b_c = _gemv_tile(w_ptr + i_e * (I // 8) * H, s_ptr + i_e * (I // G) * H,
-                                        z_ptr + i_e * (I // G) * H, k0, o_n, m_n, H, G, R, SR, F16X2, ASM)
+        b_q, b_a, b_b, b_c = gemv_block_tile(w_ptr + i_e * (I // 8) * H, s_ptr + i_e * (I // G) * H,
+                                             z_ptr + i_e * (I // G) * H, k0, o_n, m_n, H, G, R, SR, F16X2, ASM)
         # the routing weight rides on the block scale: one multiply per block, not per weight
         b_c = b_c.to(tl.float32) * b_tw
         if PDL > 0:
             tl.extra.cuda.gdc_wait()
-        acc, _, _, _ = _gemv_rows(acc, acc, acc, acc, b_q, b_a, b_b, b_c, h_ptr + (i_t * TOPK + j) * I, 0, 0, 1,
-                                  k0, nib, R, SR, 1, F16X2)
+        acc, _, _, _ = gemv_rows(acc, acc, acc, acc, b_q, b_a, b_b, b_c, h_ptr + (i_t * TOPK + j) * I, 0, 0, 1,
+                                 k0, nib, R, SR, 1, F16X2)
     if PDL > 0:
         # no store before the up kernel is complete (its scratch may share memory with this one's),
         # whatever the loop ran
@@ -141,8 +141,8 @@ def _moe_down_decode_kernel(h_ptr, w_ptr, s_ptr, z_ptr, id_ptr, tw_ptr, y_ptr, p
         tl.store(y_ptr + i_t * H + o_n, b_y.to(y_ptr.dtype.element_ty), mask=m_n)
     else:
         tl.store(part_ptr + (i_s * T + i_t) * H + o_n, b_y, mask=m_n)
-        _last_split_reduces(y_ptr, y_ptr, part_ptr, count_ptr + i_n * T + i_t, i_t, o_n, m_n, T, H, n_split, H,
-                            1, False)
+        last_split_reduces(y_ptr, y_ptr, part_ptr, count_ptr + i_n * T + i_t, i_t, o_n, m_n, T, H, n_split, H,
+                           1, False)
 
 
 def _counters(weight, needed: int, size: int, device):
@@ -175,7 +175,7 @@ def moe_decode(x, w13, w2, tw, ids, up: GemvConfig, down: GemvConfig, sms: int, 
     split = pick_split(n_tiles * tk, hid // (8 * r), up.waves, sms)
     part = torch.empty((split, tk, 2 * inter), dtype=torch.float32, device=dev) if split > 1 else h
     count = _counters(w13, n_tiles * tk, n_tiles * max_rows, dev) if split > 1 else ids
-    _moe_up_decode_kernel[(n_tiles, split, tk)](
+    moe_up_decode_kernel[(n_tiles, split, tk)](
         x, w13.qweight, w13.scales, w13.zeros, ids, h, part, count, tk, hid, inter, x.stride(0), 15, split,
         TOPK=top_k, G=w13.group_size, BN=up.BN, R=r, SR=sr, SPLIT=split > 1, F16X2=f16x2, ASM=not INTERPRET,
         PDL=pdl, num_warps=up.num_warps, num_stages=1, **({"launch_pdl": True} if pdl == 2 else {}))
@@ -185,7 +185,7 @@ def moe_decode(x, w13, w2, tw, ids, up: GemvConfig, down: GemvConfig, sms: int, 
     split = pick_split(n_tiles * t, top_k * inter // (8 * r), down.waves, sms)
     part = torch.empty((split, t, hid), dtype=torch.float32, device=dev) if split > 1 else out
     count = (_counters(w2, n_tiles * t, n_tiles * max(1, max_rows // top_k), dev) if split > 1 else ids)
-    _moe_down_decode_kernel[(n_tiles, split, t)](
+    moe_down_decode_kernel[(n_tiles, split, t)](
         h, w2.qweight, w2.scales, w2.zeros, ids, tw, out, part, count, t, hid, inter, 15, split,
         TOPK=top_k, G=w2.group_size, BN=down.BN, R=r, SR=sr, SPLIT=split > 1,
         F16X2=f16x2 and inter % 4 == 0, ASM=not INTERPRET, PDL=pdl, num_warps=down.num_warps, num_stages=1,
@@ -207,8 +207,8 @@ def decode_aot_configs(cc: int, up: GemvConfig, down: GemvConfig, pdl: int = 0) 
     for dt in ("fp16",) + (("bf16",) if cc >= 80 else ()):
         ty = {p: f"*{dt}" for p in ("x_ptr", "h_ptr", "y_ptr", "s_ptr", "z_ptr")}
         ty.update(w_ptr="*i32", id_ptr="*i32", count_ptr="*i32", tw_ptr="*fp32", part_ptr="*fp32")
-        for kernel, args, c, k in (("_moe_up_decode_kernel", _UP_ARGS, up, 2048),
-                                   ("_moe_down_decode_kernel", _DOWN_ARGS, down, 512)):
+        for kernel, args, c, k in (("moe_up_decode_kernel", _UP_ARGS, up, 2048),
+                                   ("moe_down_decode_kernel", _DOWN_ARGS, down, 512)):
             r, sr = gemv_tile(c, k, 128)
             for split in (False, True):
                 consts = dict(TOPK=8, G=128, BN=c.BN, R=r, SR=sr, SPLIT=split, F16X2=dt == "fp16", ASM=True,

@@ -1,9 +1,9 @@
 """Triton MoE: the routed experts (W4A16 or dense fp16/bf16 weights); the top-k softmax routing and
-the token alignment are in :mod:`catengine.kernels.moe_route`.
+the token alignment are in :mod:`catengine.kernels.moe.route`.
 
 Two paths, picked by the number of (token, expert) rows T * top_k against the table's row_max:
 
-- decode, W4A16 experts (table entry ``decode``): :mod:`catengine.kernels.fused_moe_decode`, the
+- decode, W4A16 experts (table entry ``decode``): :mod:`catengine.kernels.moe.decode`, the
   chosen experts cut along N and K into one-tile GEMV programs, two launches with in-kernel
   split-K reduces (the weighted combine in the second), the second a programmatic dependent launch
   on sm_90 (``decode_pdl``).
@@ -17,7 +17,7 @@ Two paths, picked by the number of (token, expert) rows T * top_k against the ta
   device, no host sync), then ``_moe_gemm_kernel`` runs the grouped ``tl.dot`` for gate_up (+ SiLU)
   and for down (+ routing weight), and ``_combine_kernel`` sums each token's top_k rows in order.
 
-The weight math is shared with :mod:`catengine.kernels.w4a16` (``fma_tile``, ``dequant_tile``).
+The weight math is shared with :mod:`catengine.kernels.w4a16.gemm` (``fma_tile``, ``dequant_tile``).
 """
 from __future__ import annotations
 
@@ -27,17 +27,17 @@ import torch
 import triton
 import triton.language as tl
 
-from ..errors import ConfigError
-from .aot import AotConfig
-from .packing import QuantizedWeight
-from .arch import arch_key, device_key
+from ...errors import ConfigError, KernelContractError
+from ..common.aot import AotConfig
+from ..common.arch import arch_key, device_key
+from ..common.splitk import REDUCE_BLOCK, splitk_reduce_kernel
 # the decode kernels are named here too: aot.py looks each configuration's kernel up in this module
-from .fused_moe_decode import _moe_down_decode_kernel, _moe_up_decode_kernel  # noqa: F401
-from .fused_moe_decode import decode_aot_configs, moe_decode
-from .moe_route import align_tokens
-from .w4a16 import (INTERPRET, REDUCE_BLOCK, GemmConfig, GemvConfig, _splitk_reduce_kernel, block_k, dequant_tile,
-                    gemv_block_k, mma, pick_split)
-from .w4a16_gemv import fma_tile, gemv_tile_load
+from ..w4a16.gemm import INTERPRET, GemmConfig, GemvConfig, block_k, dequant_tile, gemv_block_k, mma, pick_split
+from ..w4a16.gemv import fma_tile, gemv_tile_load
+from ..w4a16.packing import QuantizedWeight
+# the decode kernels are attributes here too: aot_configs lists them by name in this module
+from .decode import decode_aot_configs, moe_decode, moe_down_decode_kernel, moe_up_decode_kernel  # noqa: F401
+from .route import align_tokens
 
 NIB = 15
 NIB2 = 0x000F000F
@@ -248,7 +248,7 @@ class MoeTable:
     up_row: GemvConfig          # waves unused: the up pass cannot split K (SiLU needs the full sum)
     down_row: GemvConfig
     gemm: tuple                 # ((max rows per expert on average, GemmConfig), ...) ascending
-    decode: tuple | None = None     # W4A16 rows <= row_max: (up, down) GemvConfig of fused_moe_decode
+    decode: tuple | None = None     # W4A16 rows <= row_max: (up, down) GemvConfig of moe.decode
     decode_pdl: int = 0             # programmatic dependent launch (sm_90 on): 1 the down kernel, 2 both
 
 
@@ -295,13 +295,13 @@ def _weights(w, quant: bool):
 
 
 def fused_moe(x, w13, w2, topk_weights, topk_ids):
-    """Triton twin of :func:`catengine.kernels.reference.fused_moe`."""
+    """Triton twin of :func:`catengine.kernels.moe.naive.fused_moe`."""
     if x.dtype not in (torch.float16, torch.bfloat16):
         raise ConfigError(f"fused_moe runs fp16/bf16 activations on CUDA, got {x.dtype}; "
                           "load the model with dtype float16 or bfloat16")
     quant = isinstance(w13, QuantizedWeight)
     if quant != isinstance(w2, QuantizedWeight):
-        raise ConfigError("fused_moe: w13 and w2 must both be QuantizedWeight or both dense tensors")
+        raise KernelContractError("fused_moe: w13 and w2 must both be QuantizedWeight or both dense tensors")
     t, hid = x.shape
     top_k = topk_ids.shape[1]
     if quant:
@@ -337,7 +337,7 @@ def fused_moe(x, w13, w2, topk_weights, topk_ids):
             BK=bk, SPLIT_K=split, QUANT=quant, STAGES=c.num_stages, num_warps=c.num_warps,
             num_stages=c.num_stages)
         if split > 1:
-            _splitk_reduce_kernel[(t, triton.cdiv(hid, REDUCE_BLOCK))](
+            splitk_reduce_kernel[(t, triton.cdiv(hid, REDUCE_BLOCK))](
                 part, out, out, t, hid, out.stride(0), SPLIT_K=split, BLOCK=REDUCE_BLOCK, HAS_BIAS=False,
                 num_warps=4)
         return out
@@ -360,7 +360,6 @@ def fused_moe(x, w13, w2, topk_weights, topk_ids):
     return out
 
 
-TRITON_OPS = {"fused_moe": fused_moe}
 
 
 # ---------------------------------------------------------------- ahead-of-time list

@@ -1,5 +1,5 @@
-"""Triton MoE routing (twin: ``reference.moe_route``) and the expert-sorted token alignment that the
-prefill path of :mod:`catengine.kernels.fused_moe` runs on; split from that module.
+"""Triton MoE routing (twin: ``moe.naive.moe_route``) and the expert-sorted token alignment that the
+prefill path of :mod:`catengine.kernels.moe.fused` runs on; split from that module.
 """
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..errors import ConfigError
-from .aot import AotConfig
+from ...errors import ConfigError
+from ..common.aot import AotConfig
 
 
 # ---------------------------------------------------------------- routing
@@ -41,7 +41,7 @@ def _route_kernel(logit_ptr, w_ptr, id_ptr, T, E, stride_t, TOPK: tl.constexpr, 
 
 
 def moe_route(router_logits, top_k: int, renormalize: bool = True):
-    """Triton twin of :func:`catengine.kernels.reference.moe_route`."""
+    """Triton twin of :func:`catengine.kernels.moe.naive.moe_route`."""
     t, e = router_logits.shape
     if not 0 < top_k <= e:
         raise ConfigError(f"moe_route: top_k={top_k} must be in 1..{e} (the number of experts)")
@@ -86,7 +86,6 @@ def align_tokens(topk_ids, num_experts: int, block: int):
     return sorted_ids, block_expert, n_post
 
 
-TRITON_OPS = {"moe_route": moe_route}
 
 
 # ---------------------------------------------------------------- ahead-of-time list

@@ -1,5 +1,5 @@
 """Row-wise small ops: (1+w) RMSNorm with fused residual add, the GDN gated RMSNorm, SiLU-mul, and
-per-head q/k norm + partial NeoX RoPE (twins: ``reference.rms_norm``, ``gated_rms_norm``, ``silu_mul``,
+per-head q/k norm + partial NeoX RoPE (twins: ``norm.naive.rms_norm``, ``gated_rms_norm``, ``silu_mul``,
 ``qk_norm_rope``).
 
 Every kernel is a single pass over its rows (memory-bound): fp32 math, and the same intermediate
@@ -14,9 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..errors import ConfigError
-from .aot import AotConfig
-from .arch import arch_from_cc, arch_of
+from ...errors import ConfigError, KernelContractError
+from ..common.aot import AotConfig
+from ..common.arch import arch_from_cc, arch_of
 
 MAX_HIDDEN = 65536  # rms_norm keeps one row in registers
 
@@ -69,17 +69,17 @@ def _rms_norm_kernel(x, residual, weight, y, s_out, T, H, eps, stride_x, stride_
 
 
 def rms_norm(x, weight, eps: float, residual=None):
-    """Triton twin of :func:`catengine.kernels.reference.rms_norm`."""
-    return _rms_norm(x, weight, eps, residual)
+    """Triton twin of :func:`catengine.kernels.norm.naive.rms_norm`."""
+    return rms_norm_with(x, weight, eps, residual)
 
 
-def _rms_norm(x, weight, eps: float, residual=None, cfg: RowLaunch | None = None):
+def rms_norm_with(x, weight, eps: float, residual=None, cfg: RowLaunch | None = None):
     """``cfg`` overrides the table's launch (the benchmark's sweep)."""
     if x.dim() != 2 or x.stride(-1) != 1 or weight.shape != (x.shape[1],):
-        raise ConfigError(f"rms_norm: x must be [T, H] contiguous in H with weight [H]; got x {tuple(x.shape)} "
-                          f"stride {x.stride()}, weight {tuple(weight.shape)}")
+        raise KernelContractError(f"rms_norm: x must be [T, H] contiguous in H with weight [H]; got x {tuple(x.shape)} "
+                                  f"stride {x.stride()}, weight {tuple(weight.shape)}")
     if residual is not None and (residual.shape != x.shape or residual.stride(-1) != 1):
-        raise ConfigError(f"rms_norm: residual {tuple(residual.shape)} must match x {tuple(x.shape)}")
+        raise KernelContractError(f"rms_norm: residual {tuple(residual.shape)} must match x {tuple(x.shape)}")
     t, h = x.shape
     if h > MAX_HIDDEN:
         raise ConfigError(f"rms_norm: hidden size {h} exceeds the single-pass limit {MAX_HIDDEN}")
@@ -119,12 +119,12 @@ def _gated_rms_norm_kernel(x, z, weight, y, R, HV, DV, eps, stride_xt, stride_xh
 
 
 def gated_rms_norm(x, z, weight, eps: float):
-    """Triton twin of :func:`catengine.kernels.reference.gated_rms_norm`."""
+    """Triton twin of :func:`catengine.kernels.norm.naive.gated_rms_norm`."""
     if x.dim() != 3 or z.shape != x.shape or weight.shape != (x.shape[2],):
-        raise ConfigError(f"gated_rms_norm: x, z must be [T, Hv, dv] with weight [dv]; got {tuple(x.shape)}, "
-                          f"{tuple(z.shape)}, {tuple(weight.shape)}")
+        raise KernelContractError(f"gated_rms_norm: x, z must be [T, Hv, dv] with weight [dv]; got {tuple(x.shape)}, "
+                                  f"{tuple(z.shape)}, {tuple(weight.shape)}")
     if x.stride(-1) != 1 or z.stride(-1) != 1:
-        raise ConfigError("gated_rms_norm: x and z must be contiguous in their last dim")
+        raise KernelContractError("gated_rms_norm: x and z must be contiguous in their last dim")
     t, hv, dv = x.shape
     y = torch.empty((t, hv, dv), dtype=x.dtype, device=x.device)
     if t:
@@ -148,9 +148,9 @@ def _silu_mul_kernel(x, y, INTER, stride_x, stride_y, BLOCK: tl.constexpr):
 
 
 def silu_mul(x):
-    """Triton twin of :func:`catengine.kernels.reference.silu_mul`."""
+    """Triton twin of :func:`catengine.kernels.norm.naive.silu_mul`."""
     if x.dim() != 2 or x.shape[1] % 2 or x.stride(-1) != 1:
-        raise ConfigError(f"silu_mul: x must be [T, 2I] contiguous in its last dim, got {tuple(x.shape)}")
+        raise KernelContractError(f"silu_mul: x must be [T, 2I] contiguous in its last dim, got {tuple(x.shape)}")
     t, inter = x.shape[0], x.shape[1] // 2
     y = torch.empty((t, inter), dtype=x.dtype, device=x.device)
     if t:
@@ -211,22 +211,22 @@ def _qk_norm_rope_kernel(q, k, q_out, k_out, q_weight, k_weight, cos_sin, positi
 
 
 def qk_norm_rope(q, k, q_weight, k_weight, positions, cos_sin_cache, eps: float):
-    """Triton twin of :func:`catengine.kernels.reference.qk_norm_rope` (returns new contiguous q, k)."""
-    return _qk_norm_rope(q, k, q_weight, k_weight, positions, cos_sin_cache, eps)
+    """Triton twin of :func:`catengine.kernels.norm.naive.qk_norm_rope` (returns new contiguous q, k)."""
+    return qk_norm_rope_with(q, k, q_weight, k_weight, positions, cos_sin_cache, eps)
 
 
-def _qk_norm_rope(q, k, q_weight, k_weight, positions, cos_sin_cache, eps: float, cfg: RowLaunch | None = None):
+def qk_norm_rope_with(q, k, q_weight, k_weight, positions, cos_sin_cache, eps: float, cfg: RowLaunch | None = None):
     """``cfg`` overrides the table's launch (the benchmark's sweep)."""
     t, nh, d = q.shape
     nkv = k.shape[1]
     rot = cos_sin_cache.shape[-1]
     if k.shape != (t, nkv, d) or q_weight.shape != (d,) or k_weight.shape != (d,):
-        raise ConfigError(f"qk_norm_rope: q [T, nh, d] {tuple(q.shape)}, k [T, nkv, d] {tuple(k.shape)} and "
-                          f"weights [d] {tuple(q_weight.shape)}, {tuple(k_weight.shape)} disagree")
+        raise KernelContractError(f"qk_norm_rope: q [T, nh, d] {tuple(q.shape)}, k [T, nkv, d] {tuple(k.shape)} and "
+                                  f"weights [d] {tuple(q_weight.shape)}, {tuple(k_weight.shape)} disagree")
     if d & (d - 1) or rot % 2 or rot > d or (rot // 2) & (rot // 2 - 1):
         raise ConfigError(f"qk_norm_rope: head_dim {d} and rotary dim {rot} must be powers of two, rot <= d")
     if q.stride(-1) != 1 or k.stride(-1) != 1 or cos_sin_cache.stride(-1) != 1:
-        raise ConfigError("qk_norm_rope: q, k and cos_sin_cache must be contiguous in their last dim")
+        raise KernelContractError("qk_norm_rope: q, k and cos_sin_cache must be contiguous in their last dim")
     q_out = torch.empty((t, nh, d), dtype=q.dtype, device=q.device)
     k_out = torch.empty((t, nkv, d), dtype=k.dtype, device=k.device)
     if t:
@@ -240,8 +240,6 @@ def _qk_norm_rope(q, k, q_weight, k_weight, positions, cos_sin_cache, eps: float
     return q_out, k_out
 
 
-TRITON_OPS = {"rms_norm": rms_norm, "gated_rms_norm": gated_rms_norm, "silu_mul": silu_mul,
-              "qk_norm_rope": qk_norm_rope}
 
 
 def aot_configs(cc: int) -> list[AotConfig]:

@@ -1,5 +1,5 @@
 """Batch sampler: temperature, top-k, top-p, min-p per row, no sort and no host sync
-(twin: ``reference.sample_tokens``).
+(twin: ``sampling.naive.sample_tokens``).
 
 The twin keeps a prefix of the tokens sorted by probability (top-k, then top-p on the unrenormalised
 mass, then min-p) and returns ``argmax(p / -log(u))`` over it. Every filter keeps all tokens with
@@ -26,9 +26,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..errors import ConfigError
-from .aot import AotConfig
-from .arch import arch_from_cc, arch_of
+from ...errors import KernelContractError
+from ..common.aot import AotConfig
+from ..common.arch import arch_from_cc, arch_of
 
 
 @dataclass(frozen=True)
@@ -221,21 +221,21 @@ def _finish_kernel(logits, temperature, top_k, top_p, min_p, seeds, steps, part_
 
 
 def sample_tokens(logits, temperature, top_k, top_p, min_p, seeds, steps):
-    """Triton twin of :func:`catengine.kernels.reference.sample_tokens`."""
-    return _sample_tokens(logits, temperature, top_k, top_p, min_p, seeds, steps)
+    """Triton twin of :func:`catengine.kernels.sampling.naive.sample_tokens`."""
+    return sample_tokens_with(logits, temperature, top_k, top_p, min_p, seeds, steps)
 
 
-def _sample_tokens(logits, temperature, top_k, top_p, min_p, seeds, steps, cfg: SampleLaunch | None = None):
+def sample_tokens_with(logits, temperature, top_k, top_p, min_p, seeds, steps, cfg: SampleLaunch | None = None):
     """``cfg`` overrides the table row (tests use small chunks to cover the cross-chunk combines)."""
     if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(-1) != 1:
-        raise ConfigError(f"sample_tokens: logits must be [B, V] fp32 contiguous in V, got "
-                          f"{tuple(logits.shape)} {logits.dtype}")
+        raise KernelContractError(f"sample_tokens: logits must be [B, V] fp32 contiguous in V, got "
+                                  f"{tuple(logits.shape)} {logits.dtype}")
     b, v = logits.shape
     for name, x, dt in (("temperature", temperature, torch.float32), ("top_k", top_k, torch.int32),
                         ("top_p", top_p, torch.float32), ("min_p", min_p, torch.float32),
                         ("seeds", seeds, torch.int64), ("steps", steps, torch.int64)):
         if x.shape != (b,) or x.dtype != dt:
-            raise ConfigError(f"sample_tokens: {name} must be [{b}] {dt}, got {tuple(x.shape)} {x.dtype}")
+            raise KernelContractError(f"sample_tokens: {name} must be [{b}] {dt}, got {tuple(x.shape)} {x.dtype}")
     out = torch.empty(b, dtype=torch.int64, device=logits.device)
     if b == 0:
         return out
@@ -255,7 +255,6 @@ def _sample_tokens(logits, temperature, top_k, top_p, min_p, seeds, steps, cfg: 
     return out
 
 
-TRITON_OPS = {"sample_tokens": sample_tokens}
 
 
 def aot_configs(cc: int) -> list[AotConfig]:

@@ -8,9 +8,10 @@ for Qwen3.5-27B's gate_up (5120 x 34816) 356 MB, about 0.1 ms at H200 bandwidth,
 GEMM at M = 8192. The dense copy is a transient activation-sized buffer (the profiled step, which runs
 ``max_num_batched_tokens`` rows, includes it in the memory plan).
 
-:func:`w4a16_linear` is the registered ``w4a16_linear`` op: rows >= the arch table's threshold go this
-way, the rest to :func:`catengine.kernels.w4a16.w4a16_linear` (GEMV / fused GEMM). The dequantisation
-twin is ``reference.w4a16_dequantize``; the result is bit-identical to it.
+:func:`w4a16_linear` here is the one CUDA implementation of the ``w4a16_linear`` op (``ops.w4a16_linear``
+calls it): rows >= the arch table's threshold go this way, the rest to
+:func:`catengine.kernels.w4a16.gemm.fused_w4a16_linear` (GEMV / GEMM with the dequantisation fused in).
+The dequantisation twin is ``w4a16.naive.w4a16_dequantize``; the result is bit-identical to it.
 """
 from __future__ import annotations
 
@@ -18,11 +19,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ..errors import ConfigError
-from .aot import AotConfig
-from .arch import arch_key, device_key
+from ...errors import ConfigError, KernelContractError
+from ..common.aot import AotConfig
+from ..common.arch import arch_key, device_key
 from .packing import QuantizedWeight
-from . import w4a16
+from . import gemm
 
 # rows from which dequantise + cuBLAS beats the fused kernel. H200 (bench/bench_w4a16_prefill.py, 27B shapes):
 # at M = 256 it is 0.55-0.58x cuBLAS fp16 against the fused 0.35-0.57x (qkv 3% behind), from 1024 rows
@@ -53,9 +54,9 @@ def w4a16_dequant_kernel(qw_ptr, s_ptr, z_ptr, w_ptr, N, G: tl.constexpr, BLOCK_
 
 
 def dequantize(weight: QuantizedWeight, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Triton twin of :func:`catengine.kernels.reference.w4a16_dequantize`: [K, N] dense weight (x @ w)."""
+    """Triton twin of :func:`catengine.kernels.w4a16.naive.w4a16_dequantize`: [K, N] dense weight (x @ w)."""
     if weight.qweight.dim() != 2:
-        raise ConfigError("w4a16 dequantize takes one weight matrix (no stacked experts)")
+        raise KernelContractError("w4a16 dequantize takes one weight matrix (no stacked experts)")
     g = weight.group_size
     if g % 8 or g & (g - 1):
         raise ConfigError(f"W4A16 group size {g} is not supported by the dequantise kernel; use 32, 64 or 128")
@@ -69,18 +70,18 @@ def dequantize(weight: QuantizedWeight, dtype: torch.dtype | None = None) -> tor
 
 
 def w4a16_linear(x, weight: QuantizedWeight, bias=None):
-    """Triton twin of :func:`catengine.kernels.reference.w4a16_linear`: the entry point for every M."""
-    w4a16.check_input(x, weight)
+    """Triton twin of :func:`catengine.kernels.w4a16.naive.w4a16_linear` for every M: dequantise + cuBLAS
+    from ``DEQUANT_MIN_M`` rows, else the fused GEMV / GEMM kernels."""
+    gemm.check_input(x, weight)
     rows = x.numel() // max(x.shape[-1], 1)
     key, _ = device_key(x.device)
     if rows < DEQUANT_MIN_M[key]:
-        return w4a16.w4a16_linear(x, weight, bias)
+        return gemm.fused_w4a16_linear(x, weight, bias)
     w = dequantize(weight, x.dtype)
     y = torch.matmul(x, w)
     return y if bias is None else y.add_(bias.to(y.dtype))
 
 
-TRITON_OPS = {"w4a16_linear": w4a16_linear}
 
 
 def aot_configs(cc: int) -> list[AotConfig]:

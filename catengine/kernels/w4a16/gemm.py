@@ -2,7 +2,7 @@
 
 Two kernels, picked by M from a per-architecture table:
 
-- ``_w4a16_gemv_kernel`` (decode, M <= table's gemv_max_m; in :mod:`catengine.kernels.w4a16_gemv`,
+- ``w4a16_gemv_kernel`` (decode, M <= table's gemv_max_m; in :mod:`catengine.kernels.w4a16.gemv`,
   which describes its tiles and weight math): m_rows activation rows per program share each
   dequantised tile, packed half2 math in inline PTX for fp16 and fp32 mantissa-trick math for bf16
   and the interpreter, split-K so that even N = 5120 puts enough programs on the chip. On the H200
@@ -19,7 +19,7 @@ Two kernels, picked by M from a per-architecture table:
   narrow wgmma N instead of a 64-row M tile. Dequant works on pairs: ``(w >> 4j) & 0x000F000F |
   0x64006400`` holds nibbles j and j+4 as the fp16 values ``1024 + q`` (``128 + q`` in bf16).
 
-Split-K programs write fp32 partials that ``_splitk_reduce_kernel`` sums in a fixed order (results
+Split-K programs write fp32 partials that ``splitk_reduce_kernel`` sums in a fixed order (results
 do not depend on scheduling) while adding the bias and casting. A GEMV row with ``fused_reduce`` skips
 that launch: the last program of each tile to arrive at an acq_rel counter (``split_counters``, owned
 by the weight) sums the partials in the same fixed order. The sm_90 row uses it (see the table's
@@ -33,11 +33,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ..errors import ConfigError
-from .aot import AotConfig
-from .arch import INTERPRET, arch_key, device_key
+from ...errors import ConfigError, KernelContractError
+from ..common.aot import AotConfig
+from ..common.arch import INTERPRET, arch_key, device_key
+from ..common.splitk import REDUCE_BLOCK, splitk_reduce_kernel
 from .packing import QuantizedWeight
-from .w4a16_gemv import _w4a16_gemv_kernel
+from .gemv import w4a16_gemv_kernel
 
 
 # ---------------------------------------------------------------- dequantisation helpers
@@ -139,21 +140,6 @@ def _w4a16_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_ptr, M
         tl.store(part_ptr + (i_s * M + o_m[None, :]) * N + o_n[:, None], acc, mask=m_n[:, None] & m_m[None, :])
 
 
-@triton.jit
-def _splitk_reduce_kernel(part_ptr, bias_ptr, y_ptr, M, N, stride_ym, SPLIT_K: tl.constexpr,
-                          BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr):
-    i_m, i_b = tl.program_id(0), tl.program_id(1)
-    o_n = i_b * BLOCK + tl.arange(0, BLOCK)
-    m_n = o_n < N
-    acc = tl.zeros([BLOCK], tl.float32)
-    for i_s in tl.static_range(SPLIT_K):
-        # [BLOCK]
-        acc += tl.load(part_ptr + (i_s * M + i_m) * N + o_n, mask=m_n, other=0)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + o_n, mask=m_n, other=0).to(tl.float32)
-    tl.store(y_ptr + i_m * stride_ym + o_n, acc.to(y_ptr.dtype.element_ty), mask=m_n)
-
-
 # ---------------------------------------------------------------- launch table
 @dataclass(frozen=True)
 class GemvConfig:
@@ -168,7 +154,7 @@ class GemvConfig:
     # dense GEMV with split K: the last split of a tile reduces (no second launch)
     fused_reduce: bool = False
     # dense GEMV (sm_90 only): a programmatic dependent launch that fetches its first tile while the
-    # kernel before it finishes (w4a16_gemv's PDL); the MoE decode kernels take fused_moe's decode_pdl
+    # kernel before it finishes (w4a16_gemv's PDL); the MoE decode kernels take moe.fused's decode_pdl
     pdl: bool = False
 
 
@@ -191,7 +177,6 @@ class ArchTable:
 
 
 MAX_SPLIT_K = 32
-REDUCE_BLOCK = 1024
 
 # The GEMV row: 64 columns x 512 inputs per tile, no prefetch, no pipelining, split toward 16 waves
 # (measured on the H200; sm_80 and sm_70 take it unmeasured, with M = 1 only, no PDL: griddepcontrol
@@ -308,11 +293,11 @@ def check_input(x, weight: QuantizedWeight) -> None:
         raise ConfigError(f"w4a16_linear runs fp16/bf16 activations on CUDA, got {x.dtype}; "
                           "load the model with dtype float16 or bfloat16")
     if x.shape[-1] != weight.in_features:
-        raise ConfigError(f"w4a16_linear: x has {x.shape[-1]} input features, the weight {weight.in_features}")
+        raise KernelContractError(f"w4a16_linear: x has {x.shape[-1]} input features, the weight {weight.in_features}")
 
 
-def w4a16_linear(x, weight: QuantizedWeight, bias=None):
-    """Triton twin of :func:`catengine.kernels.reference.w4a16_linear`."""
+def fused_w4a16_linear(x, weight: QuantizedWeight, bias=None):
+    """Triton twin of :func:`catengine.kernels.w4a16.naive.w4a16_linear`."""
     check_input(x, weight)
     k, n = weight.in_features, weight.out_features
     lead = x.shape[:-1]
@@ -344,7 +329,7 @@ def w4a16_linear(x, weight: QuantizedWeight, bias=None):
         grid = (triton.cdiv(n, c.BN), split, triton.cdiv(m, mr))
         counters = (split_counters(weight, grid[0] * grid[2], grid[0] * max(4, table.gemv_max_m))
                     if split > 1 and c.fused_reduce else None)
-        _w4a16_gemv_kernel[grid](
+        w4a16_gemv_kernel[grid](
             x2, qw, sc, zr, b_arg, y, part, m, n, k, x2.stride(0), y.stride(0), 15, split,
             part if counters is None else counters, G=g, BN=c.BN, R=r, SR=sr, MR=mr, SPLIT=split > 1,
             HAS_BIAS=bias is not None, PREFETCH=c.prefetch, F16X2=f16x2, ASM=not INTERPRET, STAGES=c.num_stages,
@@ -363,13 +348,12 @@ def w4a16_linear(x, weight: QuantizedWeight, bias=None):
             BN=c.BN, BK=bk, SPLIT_K=split, GROUP_M=c.group_m, HAS_BIAS=bias is not None,
             INTERPRET=INTERPRET, num_warps=c.num_warps, num_stages=c.num_stages)
     if split > 1:
-        _splitk_reduce_kernel[(m, triton.cdiv(n, REDUCE_BLOCK))](
+        splitk_reduce_kernel[(m, triton.cdiv(n, REDUCE_BLOCK))](
             part, b_arg, y, m, n, y.stride(0), SPLIT_K=split, BLOCK=REDUCE_BLOCK,
             HAS_BIAS=bias is not None, num_warps=4)
     return y.reshape(*lead, n)
 
 
-TRITON_OPS = {"w4a16_linear": w4a16_linear}
 
 
 # ---------------------------------------------------------------- ahead-of-time list
@@ -398,7 +382,7 @@ def aot_configs(cc: int) -> list[AotConfig]:
                                         for m in range(1, table.gemv_max_m + 1)
                                         for split, fused in ((1, False), (4, False), (4, True))}):
             r, sr = gemv_tile(c, 5120, 128)
-            out.append(AotConfig("_w4a16_gemv_kernel", _signature(dt, _GEMV_ARGS, 15),
+            out.append(AotConfig("w4a16_gemv_kernel", _signature(dt, _GEMV_ARGS, 15),
                                  dict(G=128, BN=c.BN, R=r, SR=sr, MR=mr, SPLIT=split > 1, HAS_BIAS=split == 1,
                                       PREFETCH=c.prefetch, F16X2=c.half2 and dt == "fp16", ASM=True,
                                       STAGES=c.num_stages, FUSED_REDUCE=fused, PDL=c.pdl),
@@ -415,6 +399,6 @@ def aot_configs(cc: int) -> list[AotConfig]:
         reduce_sig = {"part_ptr": "*fp32", "bias_ptr": f"*{dt}", "y_ptr": f"*{dt}", "M": "i32",
                       "N": "i32", "stride_ym": "i32", "SPLIT_K": "constexpr", "BLOCK": "constexpr",
                       "HAS_BIAS": "constexpr"}
-        out.append(AotConfig("_splitk_reduce_kernel", reduce_sig,
+        out.append(AotConfig("splitk_reduce_kernel", reduce_sig,
                              dict(SPLIT_K=4, BLOCK=REDUCE_BLOCK, HAS_BIAS=True), 4, 1, f"reduce {dt}"))
     return out

@@ -1,5 +1,5 @@
-"""The W4A16 GEMV kernel (decode rows), launched by :func:`catengine.kernels.w4a16.w4a16_linear`,
-and the fp32 weight math (``fma_tile``, ``gemv_tile_load``) that :mod:`catengine.kernels.fused_moe`'s
+"""The W4A16 GEMV kernel (decode rows), launched by :func:`catengine.kernels.w4a16.gemm.fused_w4a16_linear`,
+and the fp32 weight math (``fma_tile``, ``gemv_tile_load``) that :mod:`catengine.kernels.moe.fused`'s
 row kernels share.
 
 The dense GEMV reads a tile of R packed rows x BN columns as [BN, R // SR, SR]: blocks of SR rows
@@ -199,8 +199,8 @@ def half2_dot(d0, d1, d2, d3, x0, x1, x2, x3):
 
 # ---------------------------------------------------------------- dense GEMV
 @triton.jit
-def _gemv_tile(qw_ptr, s_ptr, z_ptr, k0, o_n, m_n, N, G: tl.constexpr, R: tl.constexpr, SR: tl.constexpr,
-               F16X2: tl.constexpr, ASM: tl.constexpr):
+def gemv_block_tile(qw_ptr, s_ptr, z_ptr, k0, o_n, m_n, N, G: tl.constexpr, R: tl.constexpr, SR: tl.constexpr,
+                    F16X2: tl.constexpr, ASM: tl.constexpr):
     """Packed rows k0/8 .. k0/8 + R of columns o_n as [BN, R // SR, SR] (row k0/8 + i * SR + r at
     [:, i, r]), and per SR-row block (which lies in one group) [BN, R // SR, 1]: F16X2, the
     three outputs of half2_consts; else zero, zero, scale (ASM: loaded by PTX, as fp32). Triton's
@@ -274,9 +274,9 @@ def _fp32_row(acc, b_q, b_s, b_z, x_ptr, stride_xm, i_m, M, k0, nib, R: tl.const
 
 
 @triton.jit
-def _gemv_rows(acc0, acc1, acc2, acc3, b_q, b_a, b_b, b_c, x_ptr, stride_xm, i_m, M, k0, nib,
-               R: tl.constexpr, SR: tl.constexpr, MR: tl.constexpr, F16X2: tl.constexpr):
-    """One weight tile (b_q and the block constants of _gemv_tile) against rows i_m .. i_m + MR - 1
+def gemv_rows(acc0, acc1, acc2, acc3, b_q, b_a, b_b, b_c, x_ptr, stride_xm, i_m, M, k0, nib,
+              R: tl.constexpr, SR: tl.constexpr, MR: tl.constexpr, F16X2: tl.constexpr):
+    """One weight tile (b_q and the block constants of gemv_block_tile) against rows i_m .. i_m + MR - 1
     (MR in 1, 2, 4; rows past M read x = 0)."""
     if F16X2:
         d0, d1, d2, d3 = half2_codes(b_q, b_a, b_b)
@@ -309,8 +309,8 @@ def _gemv_store(acc, bias_ptr, y_ptr, part_ptr, i_s, i_m, o_n, m_n, M, N, stride
 
 
 @triton.jit
-def _last_split_reduces(bias_ptr, y_ptr, part_ptr, p_count, i_m, o_n, m_n, M, N, n_split, stride_ym,
-                        MR: tl.constexpr, HAS_BIAS: tl.constexpr):
+def last_split_reduces(bias_ptr, y_ptr, part_ptr, p_count, i_m, o_n, m_n, M, N, n_split, stride_ym,
+                       MR: tl.constexpr, HAS_BIAS: tl.constexpr):
     """Split-K without a second launch: each program has stored its partials; the one that arrives
     last at this (column tile, row tile) counter sums all of them in split order (so the result does
     not depend on who came last), writes y and re-arms the counter for the next call."""
@@ -331,11 +331,11 @@ def _last_split_reduces(bias_ptr, y_ptr, part_ptr, p_count, i_m, o_n, m_n, M, N,
 
 
 @triton.jit
-def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_ptr, M, N, K, stride_xm,
-                       stride_ym, nib, n_split, count_ptr, G: tl.constexpr, BN: tl.constexpr, R: tl.constexpr,
-                       SR: tl.constexpr, MR: tl.constexpr, SPLIT: tl.constexpr,
-                       HAS_BIAS: tl.constexpr, PREFETCH: tl.constexpr, F16X2: tl.constexpr,
-                       ASM: tl.constexpr, STAGES: tl.constexpr, FUSED_REDUCE: tl.constexpr, PDL: tl.constexpr):
+def w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_ptr, M, N, K, stride_xm,
+                      stride_ym, nib, n_split, count_ptr, G: tl.constexpr, BN: tl.constexpr, R: tl.constexpr,
+                      SR: tl.constexpr, MR: tl.constexpr, SPLIT: tl.constexpr,
+                      HAS_BIAS: tl.constexpr, PREFETCH: tl.constexpr, F16X2: tl.constexpr,
+                      ASM: tl.constexpr, STAGES: tl.constexpr, FUSED_REDUCE: tl.constexpr, PDL: tl.constexpr):
     """MR activation rows per program (each weight tile is dequantised once for all of them), BN
     columns, K range i_s of n_split (SPLIT: n_split > 1, fp32 partials to part_ptr), tiles of 8R
     input features; R divides K / 8 (launcher). The split count is a run-time value so that the
@@ -363,14 +363,15 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_ptr, M
     acc3 = tl.zeros([BN, R // SR, 1], tl.float32)
     if PREFETCH:
         # the next tile's loads go out before this tile's math (masked off past the range)
-        b_q, b_a, b_b, b_c = _gemv_tile(qw_ptr, s_ptr, z_ptr, kb_beg * 8 * R, o_n, m_n, N, G, R, SR, F16X2, ASM)
+        b_q, b_a, b_b, b_c = gemv_block_tile(qw_ptr, s_ptr, z_ptr, kb_beg * 8 * R, o_n, m_n, N, G, R, SR, F16X2, ASM)
         if PDL:
             tl.extra.cuda.gdc_wait()
         for kb in range(kb_beg, kb_end):
-            n_q, n_a, n_b, n_c = _gemv_tile(qw_ptr, s_ptr, z_ptr, (kb + 1) * 8 * R, o_n, m_n & (kb + 1 + 0 * o_n < kb_end),
-                                            N, G, R, SR, F16X2, ASM)
-            acc0, acc1, acc2, acc3 = _gemv_rows(acc0, acc1, acc2, acc3, b_q, b_a, b_b, b_c, x_ptr, stride_xm,
-                                                i_m, M, kb * 8 * R, nib, R, SR, MR, F16X2)
+            n_q, n_a, n_b, n_c = gemv_block_tile(qw_ptr, s_ptr, z_ptr, (kb + 1) * 8 * R, o_n,
+                                                 m_n & (kb + 1 + 0 * o_n < kb_end),
+                                                 N, G, R, SR, F16X2, ASM)
+            acc0, acc1, acc2, acc3 = gemv_rows(acc0, acc1, acc2, acc3, b_q, b_a, b_b, b_c, x_ptr, stride_xm,
+                                               i_m, M, kb * 8 * R, nib, R, SR, MR, F16X2)
             b_q, b_a, b_b, b_c = n_q, n_a, n_b, n_c
     elif STAGES > 1:
         # Triton software-pipelines the loads (cp.async into a shared-memory ring of STAGES tiles), so
@@ -378,22 +379,22 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_ptr, M
         if PDL:
             tl.extra.cuda.gdc_wait()
         for kb in tl.range(kb_beg, kb_end, num_stages=STAGES):
-            b_q, b_a, b_b, b_c = _gemv_tile(qw_ptr, s_ptr, z_ptr, kb * 8 * R, o_n, m_n, N, G, R, SR, F16X2, False)
-            acc0, acc1, acc2, acc3 = _gemv_rows(acc0, acc1, acc2, acc3, b_q, b_a, b_b, b_c, x_ptr, stride_xm,
-                                                i_m, M, kb * 8 * R, nib, R, SR, MR, F16X2)
+            b_q, b_a, b_b, b_c = gemv_block_tile(qw_ptr, s_ptr, z_ptr, kb * 8 * R, o_n, m_n, N, G, R, SR, F16X2, False)
+            acc0, acc1, acc2, acc3 = gemv_rows(acc0, acc1, acc2, acc3, b_q, b_a, b_b, b_c, x_ptr, stride_xm,
+                                               i_m, M, kb * 8 * R, nib, R, SR, MR, F16X2)
     else:
         kb_first = kb_beg
         if PDL:
             # the first tile is fetched before the wait (no split is empty, launcher's pick_split)
-            b_q, b_a, b_b, b_c = _gemv_tile(qw_ptr, s_ptr, z_ptr, kb_beg * 8 * R, o_n, m_n, N, G, R, SR, F16X2, ASM)
+            b_q, b_a, b_b, b_c = gemv_block_tile(qw_ptr, s_ptr, z_ptr, kb_beg * 8 * R, o_n, m_n, N, G, R, SR, F16X2, ASM)
             tl.extra.cuda.gdc_wait()
-            acc0, acc1, acc2, acc3 = _gemv_rows(acc0, acc1, acc2, acc3, b_q, b_a, b_b, b_c, x_ptr, stride_xm,
-                                                i_m, M, kb_beg * 8 * R, nib, R, SR, MR, F16X2)
+            acc0, acc1, acc2, acc3 = gemv_rows(acc0, acc1, acc2, acc3, b_q, b_a, b_b, b_c, x_ptr, stride_xm,
+                                               i_m, M, kb_beg * 8 * R, nib, R, SR, MR, F16X2)
             kb_first += 1
         for kb in range(kb_first, kb_end):
-            b_q, b_a, b_b, b_c = _gemv_tile(qw_ptr, s_ptr, z_ptr, kb * 8 * R, o_n, m_n, N, G, R, SR, F16X2, ASM)
-            acc0, acc1, acc2, acc3 = _gemv_rows(acc0, acc1, acc2, acc3, b_q, b_a, b_b, b_c, x_ptr, stride_xm,
-                                                i_m, M, kb * 8 * R, nib, R, SR, MR, F16X2)
+            b_q, b_a, b_b, b_c = gemv_block_tile(qw_ptr, s_ptr, z_ptr, kb * 8 * R, o_n, m_n, N, G, R, SR, F16X2, ASM)
+            acc0, acc1, acc2, acc3 = gemv_rows(acc0, acc1, acc2, acc3, b_q, b_a, b_b, b_c, x_ptr, stride_xm,
+                                               i_m, M, kb * 8 * R, nib, R, SR, MR, F16X2)
     _gemv_store(acc0, bias_ptr, y_ptr, part_ptr, i_s, i_m, o_n, m_n, M, N, stride_ym, SPLIT, HAS_BIAS)
     if MR > 1:
         _gemv_store(acc1, bias_ptr, y_ptr, part_ptr, i_s, i_m + 1, o_n, m_n, M, N, stride_ym, SPLIT, HAS_BIAS)
@@ -402,4 +403,4 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_ptr, M
         _gemv_store(acc3, bias_ptr, y_ptr, part_ptr, i_s, i_m + 3, o_n, m_n, M, N, stride_ym, SPLIT, HAS_BIAS)
     if SPLIT and FUSED_REDUCE:
         p_count = count_ptr + i_n * tl.num_programs(2) + tl.program_id(2)
-        _last_split_reduces(bias_ptr, y_ptr, part_ptr, p_count, i_m, o_n, m_n, M, N, n_split, stride_ym, MR, HAS_BIAS)
+        last_split_reduces(bias_ptr, y_ptr, part_ptr, p_count, i_m, o_n, m_n, M, N, n_split, stride_ym, MR, HAS_BIAS)
