@@ -1,5 +1,5 @@
 """Launch tables of the paged attention kernels (:mod:`catengine.kernels.attention.paged`) and the helpers
-that pick a row, the decode warps and the split count; split from ``attention.py``.
+that pick a row, the decode warps and the split count; split from ``paged.py``.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Gated DeltaNet chunked prefill (WY / UT-transform form, chunk 64): the launch table, the host side
-and the ahead-of-time list; the kernels are in :mod:`.chunk_wy`, :mod:`.chunk_h` and
-:mod:`.chunk_o`. The gating and the recurrent decode are in :mod:`catengine.kernels.gdn.recurrent`,
-which shares this module's table and checks.
+"""Gated DeltaNet chunked prefill (WY / UT-transform form, chunk 64): the host side and the ahead-of-time
+list; the kernels are in :mod:`.chunk_wy`, :mod:`.chunk_h` and :mod:`.chunk_o`, the launch table and the
+input checks in :mod:`.table`, which the gating and the recurrent decode
+(:mod:`catengine.kernels.gdn.recurrent`) share.
 
 Two forms, chosen by ``GDNTable.prefill`` (after a tiny kernel for chunk offsets):
 - "split", the structure of flash-linear-attention's chunk_gated_delta_rule: WY (chunk x value

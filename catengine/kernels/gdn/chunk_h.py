@@ -1,5 +1,5 @@
 """Gated DeltaNet chunked prefill, the kernels that walk a sequence's chunks in order (sequence x value
-head x dv block); the host side and the table are in :mod:`catengine.kernels.gdn.chunk`.
+head x dv block); the host side is in :mod:`catengine.kernels.gdn.chunk`, the table in :mod:`.table`.
 
 - ``gdn_chunk_h_kernel`` (the split prefill, stage 2) carries only the state: per chunk it stores S
   (the state at the chunk's start, activation dtype) to a per-chunk buffer, then v_new = u - w S

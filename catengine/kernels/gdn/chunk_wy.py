@@ -1,5 +1,5 @@
-"""Gated DeltaNet chunked prefill, stage 1: the WY / UT transform of each chunk (the host side and the
-table are in :mod:`catengine.kernels.gdn.chunk`, the later stages in :mod:`.chunk_h` and
+"""Gated DeltaNet chunked prefill, stage 1: the WY / UT transform of each chunk (the host side is in
+:mod:`catengine.kernels.gdn.chunk`, the table in :mod:`.table`, the later stages in :mod:`.chunk_h` and
 :mod:`.chunk_o`).
 
 Per (chunk, value head): l2norm(k), the cumulative log decay g, A = beta K K^T * e^{g_i - g_j}

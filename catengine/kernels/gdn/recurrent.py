@@ -1,6 +1,6 @@
 """Gated DeltaNet gating and recurrent decode / speculative verify (twins: ``gdn.naive.gdn_gating``,
-``gdn.naive.recurrent_gated_delta_rule``); split from :mod:`catengine.kernels.gdn.chunk`,
-whose launch table (``rec_bv``, ``rec_warps``) and input checks they share.
+``gdn.naive.recurrent_gated_delta_rule``); they share the chunked form's
+launch table (``rec_bv``, ``rec_warps``) and input checks (:mod:`.table`).
 """
 from __future__ import annotations
 

@@ -87,6 +87,7 @@ def device_table(device: torch.device) -> GDNTable:
 
 
 def rows(t):
+    """``t`` with unit stride in its last dim (copied only if it has not)."""
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
@@ -117,6 +118,7 @@ def prepare(q, k, v, g, beta, ssm_states, qsl, chunk_size=BT):
 
 
 def pad(n: int) -> int:
+    """The block for a head dim of ``n``: the next power of two, at least 16."""
     return max(16, triton.next_power_of_2(n))
 
 

@@ -31,11 +31,10 @@ from ...errors import ConfigError, KernelContractError
 from ..common.aot import AotConfig
 from ..common.arch import arch_key, device_key
 from ..common.splitk import REDUCE_BLOCK, splitk_reduce_kernel
-# the decode kernels are named here too: aot.py looks each configuration's kernel up in this module
 from ..w4a16.gemm import INTERPRET, GemmConfig, GemvConfig, block_k, dequant_tile, gemv_block_k, mma, pick_split
 from ..w4a16.gemv import fma_tile, gemv_tile_load
 from ..w4a16.packing import QuantizedWeight
-# the decode kernels are attributes here too: aot_configs lists them by name in this module
+# the decode kernels are named here too: common/aot.py looks each configuration's kernel up in this module
 from .decode import decode_aot_configs, moe_decode, moe_down_decode_kernel, moe_up_decode_kernel  # noqa: F401
 from .route import align_tokens
 

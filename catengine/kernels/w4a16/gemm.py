@@ -154,7 +154,7 @@ class GemvConfig:
     # dense GEMV with split K: the last split of a tile reduces (no second launch)
     fused_reduce: bool = False
     # dense GEMV (sm_90 only): a programmatic dependent launch that fetches its first tile while the
-    # kernel before it finishes (w4a16_gemv's PDL); the MoE decode kernels take moe.fused's decode_pdl
+    # kernel before it finishes (gemv.py's PDL); the MoE decode kernels take moe.fused's decode_pdl
     pdl: bool = False
 
 

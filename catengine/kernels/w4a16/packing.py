@@ -26,7 +26,7 @@ class QuantizedWeight:
     scales: torch.Tensor
     zeros: torch.Tensor
     group_size: int
-    # int32 scratch of the GEMV's in-kernel split-K reduce (kernels/w4a16.py), allocated there on first use
+    # int32 scratch of the GEMV's in-kernel split-K reduce (kernels/w4a16/gemm.py), allocated there on first use
     split_counters: torch.Tensor | None = field(default=None, repr=False, compare=False)
 
     @property

@@ -1,4 +1,4 @@
-"""paged_attention (Triton) against reference.paged_attention.
+"""paged_attention (Triton) against its twin (naive.paged_attention).
 
 Caches are poisoned with NaN everywhere a kernel must not read: unused blocks, table entries past a
 sequence's last block, and the slots after seq_len in a partial last block; a stray read turns the
@@ -13,10 +13,11 @@ import torch
 import triton
 import triton.language as tl
 
-from catengine.kernels import reference as ref
-from catengine.kernels.arch import arch_of
-from catengine.kernels.attention import AttnLaunch, _paged_attention, table_launch
-from catengine.kernels.attention_decode import E5M2_EVEN_PTX, E5M2_ODD_PTX, _e5m2_pair
+from catengine.kernels.attention import naive as ref
+from catengine.kernels.attention.paged import AttnLaunch, paged_attention_with, table_launch
+from catengine.kernels.common.arch import arch_of
+from catengine.kernels.common.e5m2 import e5m2_to_fp16, fp16_to_e5m2
+from catengine.kernels.common.e5m2_jit import E5M2_EVEN_PTX, E5M2_ODD_PTX, e5m2_pair
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float16: 4e-3, torch.bfloat16: 3e-2}
@@ -44,7 +45,7 @@ def make_case(q_lens, seq_lens, nh, nkv, d, bs, kv_dtype, dtype=torch.float16, g
             k[blk, :used] = torch.randn(used, nkv, d, generator=gen)
             v[blk, :used] = torch.randn(used, nkv, d, generator=gen)
     if kv_dtype == torch.uint8:
-        k, v = ref.fp16_to_e5m2(k.half()), ref.fp16_to_e5m2(v.half())
+        k, v = fp16_to_e5m2(k.half()), fp16_to_e5m2(v.half())
     else:
         k, v = k.to(kv_dtype), v.to(kv_dtype)
     t = sum(q_lens)
@@ -64,9 +65,9 @@ def run_both(case, gated=True, **kw):
     want = ref.paged_attention(dev["q"], dev["k_cache"], dev["v_cache"], dev["block_tables"], dev["seq_lens"],
                                dev["query_start_loc"], scale, dev["max_query_len"], dev["max_seq_len"],
                                None if gate is None else gate.to(DEV)).cpu()
-    got = _paged_attention(dev["q"], dev["k_cache"], dev["v_cache"], dev["block_tables"], dev["seq_lens"],
-                           dev["query_start_loc"], scale, dev["max_query_len"], dev["max_seq_len"],
-                           None if gate is None else gate.to(DEV), **kw)
+    got = paged_attention_with(dev["q"], dev["k_cache"], dev["v_cache"], dev["block_tables"], dev["seq_lens"],
+                               dev["query_start_loc"], scale, dev["max_query_len"], dev["max_seq_len"],
+                               None if gate is None else gate.to(DEV), **kw)
     return got.cpu(), want
 
 
@@ -139,13 +140,13 @@ def _widen_kernel(x, lo, hi, ASM: tl.constexpr, BLOCK: tl.constexpr):
     o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     # [BLOCK]
     b_x = tl.load(x + o)
-    b_lo, b_hi = _e5m2_pair(b_x, tl.float16, ASM)
+    b_lo, b_hi = e5m2_pair(b_x, tl.float16, ASM)
     tl.store(lo + o, b_lo)
     tl.store(hi + o, b_hi)
 
 
 def widen_all_words(asm: bool, device: str):
-    """Every int16 word (every e5m2 byte in both halves) through _e5m2_pair -> (even, odd) fp16 bits."""
+    """Every int16 word (every e5m2 byte in both halves) through e5m2_pair -> (even, odd) fp16 bits."""
     words = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).to(device)
     lo, hi = torch.empty(65536, dtype=torch.float16, device=device), torch.empty(65536, dtype=torch.float16,
                                                                                  device=device)
@@ -155,8 +156,8 @@ def widen_all_words(asm: bool, device: str):
 
 def want_widened(words):
     b = words.view(torch.uint8).view(-1, 2)  # little-endian: byte 0 is the even element
-    return (ref.e5m2_to_fp16(b[:, 0].contiguous()).view(torch.int16),
-            ref.e5m2_to_fp16(b[:, 1].contiguous()).view(torch.int16))
+    return (e5m2_to_fp16(b[:, 0].contiguous()).view(torch.int16),
+            e5m2_to_fp16(b[:, 1].contiguous()).view(torch.int16))
 
 
 def test_e5m2_widen_all_bytes():
@@ -290,8 +291,8 @@ def test_gpu_decode_graph_capture():
     scale = 256 ** -0.5
 
     def call():
-        return _paged_attention(dev["q"], dev["k_cache"], dev["v_cache"], dev["block_tables"], dev["seq_lens"],
-                                dev["query_start_loc"], scale, 1, 12000, dev["gate"])
+        return paged_attention_with(dev["q"], dev["k_cache"], dev["v_cache"], dev["block_tables"], dev["seq_lens"],
+                                    dev["query_start_loc"], scale, 1, 12000, dev["gate"])
     first = call()
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()

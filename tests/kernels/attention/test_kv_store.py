@@ -1,9 +1,10 @@
-"""store_kv (Triton) against reference.store_kv: interpreter on tiny shapes, compiled with -m gpu."""
+"""store_kv (Triton) against its twin (naive.store_kv): interpreter on tiny shapes, compiled with -m gpu."""
 import pytest
 import torch
 
-from catengine.kernels import reference as ref
-from catengine.kernels.kv_store import store_kv
+from catengine.kernels.attention import naive as ref
+from catengine.kernels.attention.kv_store import store_kv
+from catengine.kernels.common.e5m2 import e5m2_to_fp16, fp16_to_e5m2
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -19,7 +20,7 @@ def _case(t, nkv, d, nb, bs, in_dtype, cache_dtype, gen, strided=False, holes=Tr
     if holes:
         slots[::3] = -1  # padding tokens: must leave the cache untouched
     fill = torch.randn(nb, bs, nkv, d, generator=gen)
-    k_cache = ref._to_cache(fill, cache_dtype) if cache_dtype == torch.uint8 else fill.to(cache_dtype)
+    k_cache = ref.to_cache(fill, cache_dtype) if cache_dtype == torch.uint8 else fill.to(cache_dtype)
     v_cache = k_cache.clone()
     return key, value, k_cache, v_cache, slots
 
@@ -56,14 +57,14 @@ def test_e5m2_all_fp16_patterns_bit_exact():
     store_kv(x.to(DEV), (-x).to(DEV), kc_d, vc_d, slots.to(DEV))
     got_k, got_v = kc_d.cpu().reshape(16, -1).flip(0).reshape(-1), vc_d.cpu().reshape(16, -1).flip(0).reshape(-1)
     flat = x.reshape(-1)
-    assert torch.equal(got_k, ref.fp16_to_e5m2(flat))
-    assert torch.equal(got_v, ref.fp16_to_e5m2(-flat))
+    assert torch.equal(got_k, fp16_to_e5m2(flat))
+    assert torch.equal(got_v, fp16_to_e5m2(-flat))
     torch_bytes = flat.to(torch.float8_e5m2).view(torch.uint8)
     nan = flat.isnan()
     assert torch.equal(got_k[~nan], torch_bytes[~nan])
     assert ((got_k[nan] & 0x7F) == 0x7F).all() and torch.equal(got_k[nan] >> 7, torch_bytes[nan] >> 7)
     # widening back is exact for every non-NaN byte
-    assert torch.equal(ref.e5m2_to_fp16(got_k)[~nan].float(), flat.to(torch.float8_e5m2).float()[~nan])
+    assert torch.equal(e5m2_to_fp16(got_k)[~nan].float(), flat.to(torch.float8_e5m2).float()[~nan])
 
 
 @pytest.mark.gpu

@@ -8,8 +8,8 @@ dtype (fp16 ~1e-3, bf16 ~8e-3 relative); the conv state is a copy of inputs and 
 import pytest
 import torch
 
-from catengine.kernels import reference as ref
-from catengine.kernels.conv1d import causal_conv1d, causal_conv1d_update
+from catengine.kernels.gdn import naive as ref
+from catengine.kernels.gdn.conv1d import causal_conv1d, causal_conv1d_update
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}

@@ -16,10 +16,11 @@ import math
 import pytest
 import torch
 
-from catengine.kernels import reference as ref
-from catengine.kernels import gated_delta_rule as gdr
-from catengine.kernels.gated_delta_rule import chunk_gated_delta_rule
-from catengine.kernels.gdn_recurrent import gdn_gating, recurrent_gated_delta_rule
+from catengine.kernels.gdn import chunk as gdr
+from catengine.kernels.gdn import naive as ref
+from catengine.kernels.gdn import table as gdn_table
+from catengine.kernels.gdn.chunk import chunk_gated_delta_rule
+from catengine.kernels.gdn.recurrent import gdn_gating, recurrent_gated_delta_rule
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}
@@ -98,8 +99,8 @@ def _run(table, q, k, v, g, beta, ssm, qsl, slots, has, scale, l2norm=True, name
 
 
 def test_table_rows_name_a_prefill_form():
-    assert {row.prefill for row in gdr._TABLE.values()} <= {"split", "scan"}
-    assert gdr._TABLE[90].prefill == "split"
+    assert {row.prefill for row in gdn_table.TABLE.values()} <= {"split", "scan"}
+    assert gdn_table.TABLE[90].prefill == "split"
 
 
 @pytest.mark.parametrize("prefill", PREFILL)
@@ -111,12 +112,12 @@ def test_chunk_gated_delta_rule_matches_reference(name, prefill):
     scale = dk ** -0.5
     ssm_ref = ssm.clone()
     o_ref = ref.chunk_gated_delta_rule(q, k, v, g, beta, ssm_ref, qsl, slots, has, scale)
-    if prefill == gdr._TABLE[80].prefill:  # the public op, with the interpreter's (sm_80) row
+    if prefill == gdn_table.TABLE[80].prefill:  # the public op, with the interpreter's (sm_80) row
         ssm_d = ssm.clone().to(DEV)
         o = chunk_gated_delta_rule(*(x.to(DEV) for x in (q, k, v, g, beta)), ssm_d, qsl.to(DEV), slots.to(DEV),
                                    has.to(DEV), scale)
     else:
-        o, ssm_d = _run(dataclasses.replace(gdr._TABLE[80], prefill=prefill), q, k, v, g, beta, ssm, qsl, slots,
+        o, ssm_d = _run(dataclasses.replace(gdn_table.TABLE[80], prefill=prefill), q, k, v, g, beta, ssm, qsl, slots,
                         has, scale)
     assert o.dtype == dtype and o.shape == v.shape
     assert _rel(o, o_ref) < TOL[dtype]
@@ -138,7 +139,7 @@ def test_chunk_segments_hand_the_state_on(prefill, names):
     has = torch.tensor([True, False, True, False, True])  # the 200-token sequence, cut in two, starts at zero
     ssm_ref = ssm.clone()
     o_ref = ref.chunk_gated_delta_rule(q, k, v, g, beta, ssm_ref, qsl, slots, has, 0.25)
-    table = dataclasses.replace(gdr._TABLE[80], prefill=prefill, overlap_max_programs=1 << 30,
+    table = dataclasses.replace(gdn_table.TABLE[80], prefill=prefill, overlap_max_programs=1 << 30,
                                 scan_overlap_max_programs=1 << 30, overlap_min_chunks=2, scan_overlap_min_chunks=2,
                                 overlap_segments=5, overlap_min_window=1)
     o, ssm_d = _run(table, q, k, v, g, beta, ssm, qsl, slots, has, 0.25, names=names)
@@ -153,7 +154,7 @@ def test_chunk_value_blocks(prefill, names):
     q, k, v, g, beta, ssm, qsl, slots, has = _case([70, 5], 1, 2, 16, 32, torch.float32, gen, has_p=1)
     ssm_ref = ssm.clone()
     o_ref = ref.chunk_gated_delta_rule(q, k, v, g, beta, ssm_ref, qsl, slots, has, 0.25)
-    table = dataclasses.replace(gdr._TABLE[80], prefill=prefill, h_bv=16, o_bv=16, scan_bv=16)
+    table = dataclasses.replace(gdn_table.TABLE[80], prefill=prefill, h_bv=16, o_bv=16, scan_bv=16)
     o, ssm_d = _run(table, q, k, v, g, beta, ssm, qsl, slots, has, 0.25, names=names)
     assert _rel(o, o_ref) < 1e-4 and _rel(ssm_d, ssm_ref) < 1e-4
 
@@ -165,7 +166,7 @@ def test_chunk_without_l2norm_and_bad_arguments(prefill):
     k = k / k.norm(dim=-1, keepdim=True) * 0.9  # keys of norm < 1 keep the un-normalised rule stable
     ssm_ref = ssm.clone()
     o_ref = ref.chunk_gated_delta_rule(q, k, v, g, beta, ssm_ref, qsl, slots, has, 0.3, use_qk_l2norm=False)
-    table = dataclasses.replace(gdr._TABLE[80], prefill=prefill)
+    table = dataclasses.replace(gdn_table.TABLE[80], prefill=prefill)
     o, ssm_d = _run(table, q, k, v, g, beta, ssm, qsl, slots, has, 0.3, l2norm=False)
     assert _rel(o, o_ref) < 1e-4 and _rel(ssm_d, ssm_ref) < 1e-4
     args = [x.to(DEV) for x in (q, k, v, g, beta)] + [ssm.clone().to(DEV), qsl.to(DEV), slots.to(DEV), has.to(DEV)]
@@ -222,7 +223,7 @@ def _gpu_chunk_check(lens, seed, slow_decay=False, prefill=None, hk=16, r=3, dk=
     scale = dk ** -0.5
     ssm_ref = ssm.clone()
     o_ref = ref.chunk_gated_delta_rule(q, k, v, g, beta, ssm_ref, qsl, slots, has, scale)
-    table = gdr._device_table(q.device)
+    table = gdn_table.device_table(q.device)
     if prefill is None:
         o = chunk_gated_delta_rule(q, k, v, g, beta, ssm, qsl, slots, has, scale)
     else:

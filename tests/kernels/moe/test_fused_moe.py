@@ -1,6 +1,6 @@
-"""MoE routing and routed experts (catengine.kernels.fused_moe) against their torch twins.
+"""MoE routing and routed experts (catengine.kernels.moe.fused) against their torch twins.
 
-CPU: the Triton interpreter on tiny shapes: the W4A16 decode path (catengine.kernels.fused_moe_decode,
+CPU: the Triton interpreter on tiny shapes: the W4A16 decode path (catengine.kernels.moe.decode,
 split and unsplit K, its arrival counters), the row path (dense experts, and W4A16 without a decode
 entry) and the sorted path with each GEMM tile height of the table, quantised (asymmetric and
 symmetric zeros, each group size) and dense experts, fp16 and bf16, experts that receive no token,
@@ -20,11 +20,11 @@ import dataclasses
 import pytest
 import torch
 
-from catengine.errors import ConfigError
-from catengine.kernels import fused_moe as moe
-from catengine.kernels import moe_route as route
-from catengine.kernels import reference
-from catengine.kernels.packing import QuantizedWeight, pack_int4_along_k
+from catengine.errors import ConfigError, KernelContractError
+from catengine.kernels.moe import fused as moe
+from catengine.kernels.moe import naive as reference
+from catengine.kernels.moe import route
+from catengine.kernels.w4a16.packing import QuantizedWeight, pack_int4_along_k
 
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1.5e-2}
 
@@ -183,7 +183,7 @@ def test_align_tokens():
 
 def test_rejects_mixed_weights():
     w13 = make_experts(2, 32, 64, 32, torch.float16)
-    with pytest.raises(ConfigError, match="both"):
+    with pytest.raises(KernelContractError, match="both"):
         moe.fused_moe(torch.randn(1, 32).half(), w13, make_dense(2, 32, 32, torch.float16),
                       torch.ones(1, 1), torch.zeros(1, 1, dtype=torch.int32))
 

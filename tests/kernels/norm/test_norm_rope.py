@@ -1,4 +1,4 @@
-"""rms_norm, gated_rms_norm, silu_mul, qk_norm_rope (Triton) against their twins in reference.py.
+"""rms_norm, gated_rms_norm, silu_mul, qk_norm_rope (Triton) against their twins in norm/naive.py.
 
 Tolerances: outputs are rounded to fp16/bf16 after fp32 math; the kernels reduce in another order and
 use the hardware's approximate rsqrt/exp, so a value may land one unit in the last place of the output
@@ -8,8 +8,8 @@ import os
 import pytest
 import torch
 
-from catengine.kernels import norm_rope as tri
-from catengine.kernels import reference as ref
+from catengine.kernels.norm import naive as ref
+from catengine.kernels.norm import norm_rope as tri
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 ULP = {torch.float16: 2 ** -10, torch.bfloat16: 2 ** -7, torch.float32: 1e-6}
@@ -60,7 +60,7 @@ def test_rms_norm_rows_per_program(cfg, with_residual):
     w = _rand(40, dtype=torch.float16, gen=gen, scale=0.1)
     r = _rand(5, 40, dtype=torch.float16, gen=gen) if with_residual else None
     want = ref.rms_norm(x, w, 1e-6, r)
-    got = tri._rms_norm(x.to(DEV), w.to(DEV), 1e-6, None if r is None else r.to(DEV), cfg=cfg)
+    got = tri.rms_norm_with(x.to(DEV), w.to(DEV), 1e-6, None if r is None else r.to(DEV), cfg=cfg)
     if with_residual:
         _close(got[0], want[0], torch.float16, "rms_norm y")
         assert torch.equal(got[1].cpu(), want[1]), "residual sum must be bit-exact (one rounding of x + r)"
@@ -76,8 +76,8 @@ def test_gpu_rms_norm_sweep_candidates(cfg):
     gen = torch.Generator().manual_seed(2)
     x, r = _rand(301, 5120, dtype=torch.float16, gen=gen, scale=3), _rand(301, 5120, dtype=torch.float16, gen=gen)
     w = _rand(5120, dtype=torch.float16, gen=gen, scale=0.1)
-    _close(tri._rms_norm(x.cuda(), w.cuda(), 1e-6, cfg=cfg), ref.rms_norm(x, w, 1e-6), torch.float16, "rms_norm")
-    y, s = tri._rms_norm(x.cuda(), w.cuda(), 1e-6, r.cuda(), cfg=cfg)
+    _close(tri.rms_norm_with(x.cuda(), w.cuda(), 1e-6, cfg=cfg), ref.rms_norm(x, w, 1e-6), torch.float16, "rms_norm")
+    y, s = tri.rms_norm_with(x.cuda(), w.cuda(), 1e-6, r.cuda(), cfg=cfg)
     wy, ws = ref.rms_norm(x, w, 1e-6, r)
     _close(y, wy, torch.float16, "rms_norm + residual")
     assert torch.equal(s.cpu(), ws)
@@ -117,8 +117,8 @@ def test_qk_norm_rope(dtype, nh, nkv, d, rot, arch):
     pos = torch.tensor([0, 7, 4095, 1000, 3], dtype=torch.int64)
     want_q, want_k = ref.qk_norm_rope(q, k, qw, kw, pos, cs, 1e-6)
     cfg = tri.TABLE[arch]["qk"] if arch else None
-    got_q, got_k = tri._qk_norm_rope(q.to(DEV), k.to(DEV), qw.to(DEV), kw.to(DEV), pos.to(DEV), cs.to(DEV), 1e-6,
-                                     cfg=cfg)
+    got_q, got_k = tri.qk_norm_rope_with(q.to(DEV), k.to(DEV), qw.to(DEV), kw.to(DEV), pos.to(DEV), cs.to(DEV), 1e-6,
+                                         cfg=cfg)
     _close(got_q, want_q, dtype, "qk_norm_rope q")
     _close(got_k, want_k, dtype, "qk_norm_rope k")
 

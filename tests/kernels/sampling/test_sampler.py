@@ -1,4 +1,4 @@
-"""sample_tokens (Triton) against reference.sample_tokens.
+"""sample_tokens (Triton) against its twin (naive.sample_tokens).
 
 Greedy rows must be identical. A sampled row may differ from the twin only where float rounding
 decides: the twin sorts fp32 softmax probabilities and cumsums them, the kernel compares unnormalised
@@ -10,8 +10,8 @@ magnitude, so the check keeps its power."""
 import pytest
 import torch
 
-from catengine.kernels import reference as ref
-from catengine.kernels.sampler import SampleLaunch, _sample_tokens
+from catengine.kernels.sampling import naive as ref
+from catengine.kernels.sampling.sampler import SampleLaunch, sample_tokens_with
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 REL = 1e-5
@@ -65,7 +65,7 @@ def _params(b, gen):
 
 def _run(logits, params, cfg=None):
     dev = [x.to(DEV) for x in (logits, *params)]
-    return _sample_tokens(*dev, cfg=cfg).cpu()
+    return sample_tokens_with(*dev, cfg=cfg).cpu()
 
 
 @pytest.mark.parametrize("scale", [1.0, 6.0], ids=["flat", "peaked"])
@@ -150,10 +150,10 @@ def test_sampler_gpu_full_vocab_and_graph_capture():
     # no host sync anywhere: the whole sampler captures into a CUDA graph and replays identically
     dev = [x.cuda() for x in (logits, *params)]
     torch.cuda.synchronize()
-    first = _sample_tokens(*dev)
+    first = sample_tokens_with(*dev)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        out = _sample_tokens(*dev)
+        out = sample_tokens_with(*dev)
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, first)

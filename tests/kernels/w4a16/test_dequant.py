@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from catengine.kernels import reference, w4a16_dequant
-from catengine.kernels.packing import QuantizedWeight, pack_int4_along_k
+from catengine.kernels.w4a16 import dequant as w4a16_dequant
+from catengine.kernels.w4a16 import naive as reference
+from catengine.kernels.w4a16.packing import QuantizedWeight, pack_int4_along_k
 
 DEVICE = "cpu"   # the Triton interpreter runs on CPU tensors (tests/conftest.py); the gpu tests use "cuda"
 

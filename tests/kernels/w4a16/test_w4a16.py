@@ -1,4 +1,4 @@
-"""W4A16 linear (catengine.kernels.w4a16) against its torch twin.
+"""W4A16 linear (catengine.kernels.w4a16.gemm) against its torch twin.
 
 CPU: the Triton interpreter on tiny shapes that still cross every tile edge (N and M not multiples
 of the block, K spanning several blocks and uneven split-K ranges), every group size, symmetric and
@@ -18,10 +18,11 @@ import dataclasses
 import pytest
 import torch
 
-from catengine.errors import ConfigError
-from catengine.kernels import reference, w4a16
-from catengine.kernels.arch import INTERPRETER_SMS
-from catengine.kernels.packing import QuantizedWeight, pack_int4_along_k
+from catengine.errors import ConfigError, KernelContractError
+from catengine.kernels.common.arch import INTERPRETER_SMS
+from catengine.kernels.w4a16 import gemm as w4a16
+from catengine.kernels.w4a16 import naive as reference
+from catengine.kernels.w4a16.packing import QuantizedWeight, pack_int4_along_k
 
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
@@ -47,7 +48,7 @@ def check(m, k, n, group, dtype, symmetric=False, bias=False, device="cpu", seed
     g = torch.Generator(device).manual_seed(seed + 1)
     x = torch.randn(m, k, generator=g, device=device).to(dtype)
     b = torch.randn(n, generator=g, device=device).to(dtype) if bias else None
-    y = w4a16.w4a16_linear(x, w, b)
+    y = w4a16.fused_w4a16_linear(x, w, b)
     ref = reference.w4a16_linear(x, w, b)
     assert rel_err(y, ref) < TOL[dtype]
 
@@ -93,18 +94,18 @@ def test_other_tables(monkeypatch, arch):
 def test_leading_dims_and_empty():
     w = make_qweight(64, 24, 32, torch.float16)
     x = torch.randn(2, 3, 64).half()
-    y = w4a16.w4a16_linear(x, w)
+    y = w4a16.fused_w4a16_linear(x, w)
     assert y.shape == (2, 3, 24)
     assert rel_err(y, reference.w4a16_linear(x.reshape(6, 64), w).reshape(2, 3, 24)) < TOL[torch.float16]
-    assert w4a16.w4a16_linear(torch.empty(0, 64).half(), w).shape == (0, 24)
+    assert w4a16.fused_w4a16_linear(torch.empty(0, 64).half(), w).shape == (0, 24)
 
 
 def test_rejects_what_it_cannot_run():
     w = make_qweight(64, 24, 32, torch.float32)
     with pytest.raises(ConfigError, match="float16 or bfloat16"):
-        w4a16.w4a16_linear(torch.randn(1, 64), w)
-    with pytest.raises(ConfigError, match="input features"):
-        w4a16.w4a16_linear(torch.randn(1, 32).half(), make_qweight(64, 24, 32, torch.float16))
+        w4a16.fused_w4a16_linear(torch.randn(1, 64), w)
+    with pytest.raises(KernelContractError, match="input features"):
+        w4a16.fused_w4a16_linear(torch.randn(1, 32).half(), make_qweight(64, 24, 32, torch.float16))
 
 
 def test_split_never_empty():
@@ -145,7 +146,7 @@ def _fused_reduce_case(monkeypatch, m, k, n, m_rows, device, bias):
     b = torch.randn(n, generator=g, device=device).half() if bias else None
     for _ in range(3):
         x = torch.randn(m, k, generator=g, device=device).half()
-        y, ref = w4a16.w4a16_linear(x, w, b), reference.w4a16_linear(x, w, b)
+        y, ref = w4a16.fused_w4a16_linear(x, w, b), reference.w4a16_linear(x, w, b)
         assert rel_err(y, ref) < TOL[torch.float16]
         assert w.split_counters is not None and int(w.split_counters.abs().sum()) == 0
     tiles = -(-n // w4a16.TABLES["sm90"].gemv.BN)
@@ -234,7 +235,7 @@ def test_gpu_gemv_large_activations_and_strided_x():
     x = base.half()[:, 1:k + 1]
     assert x.stride(0) % 4
     for row in (x[:1], x):
-        y, ref = w4a16.w4a16_linear(row, w), reference.w4a16_linear(row, w)
+        y, ref = w4a16.fused_w4a16_linear(row, w), reference.w4a16_linear(row, w)
         assert rel_err(y, ref) < TOL[torch.float16]
 
 
@@ -273,12 +274,12 @@ def test_gpu_dependent_chain(monkeypatch, m, pdl):
             h = linear(h, w)
         return h
     ref = chain(x, reference.w4a16_linear)
-    assert rel_err(chain(x, w4a16.w4a16_linear), ref) < 4 * TOL[torch.float16]
-    chain(x, w4a16.w4a16_linear)
+    assert rel_err(chain(x, w4a16.fused_w4a16_linear), ref) < 4 * TOL[torch.float16]
+    chain(x, w4a16.fused_w4a16_linear)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = chain(x, w4a16.w4a16_linear)
+        out = chain(x, w4a16.fused_w4a16_linear)
     for i in range(3):
         x.copy_(torch.randn(m, k, device="cuda", dtype=torch.float16))
         graph.replay()
