@@ -30,10 +30,13 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import bench_ms, copy_bandwidth_gbs, device_header, graph_ms, print_table  # noqa: E402
 
-from catengine.kernels import kv_store, norm_rope, reference, sampler  # noqa: E402
-from catengine.kernels.kv_store import arch_of  # noqa: E402
-from catengine.kernels.attention import PREFILL, AttnLaunch, _paged_attention, table_launch  # noqa: E402
-from catengine.kernels.norm_rope import RowLaunch  # noqa: E402
+from catengine.kernels.attention import kv_store  # noqa: E402
+from catengine.kernels.attention.paged import PREFILL, AttnLaunch, paged_attention_with, table_launch  # noqa: E402
+from catengine.kernels.common.arch import arch_of  # noqa: E402
+from catengine.kernels.norm import norm_rope  # noqa: E402
+from catengine.kernels.norm.naive import rope_cos_sin_cache  # noqa: E402
+from catengine.kernels.norm.norm_rope import RowLaunch  # noqa: E402
+from catengine.kernels.sampling import sampler  # noqa: E402
 
 NH, NKV, D, BS = 24, 4, 256, 16
 TOKEN_BYTES = {torch.float16: NKV * D * 2 * 2, torch.uint8: NKV * D * 2}   # K + V per token
@@ -86,8 +89,8 @@ def decode_calls(pool, batch: int, ctx: int, cfg=None, seed=0):
     for _ in range(reps):
         ids = torch.randint(0, pool[0].shape[0], (batch, nblk), generator=gen, device="cuda", dtype=torch.int32)
         q = torch.randn(batch, NH, 2 * D, device="cuda", dtype=torch.float16)
-        calls.append(lambda ids=ids, q=q: _paged_attention(q[..., :D], pool[0], pool[1], ids, seq_lens, qsl,
-                                                           D ** -0.5, 1, ctx, q[..., D:], cfg=cfg))
+        calls.append(lambda ids=ids, q=q: paged_attention_with(q[..., :D], pool[0], pool[1], ids, seq_lens, qsl,
+                                                               D ** -0.5, 1, ctx, q[..., D:], cfg=cfg))
     return calls
 
 
@@ -116,7 +119,7 @@ def prefill_setup(lens, kv_dtype, cfg=None):
     qsl = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
 
     def ours():
-        return _paged_attention(q, kc, vc, tables, seq_lens, qsl, D ** -0.5, max(lens), max(lens), cfg=cfg)
+        return paged_attention_with(q, kc, vc, tables, seq_lens, qsl, D ** -0.5, max(lens), max(lens), cfg=cfg)
 
     starts = qsl.tolist()
     per_seq = [(q[s:s + n].transpose(0, 1)[None], k[s:s + n].repeat_interleave(NH // NKV, 1).transpose(0, 1)[None],
@@ -222,7 +225,7 @@ def bench_small(copy_gbs):
                   torch.randn(128, device="cuda", dtype=f16))
     qg = torch.randn(t, NH, 2 * D, device="cuda", dtype=f16)
     k = torch.randn(t, NKV, D, device="cuda", dtype=f16)
-    cs = reference.rope_cos_sin_cache(262144, 64, 1e7, device="cuda")
+    cs = rope_cos_sin_cache(262144, 64, 1e7, device="cuda")
     pos = torch.randint(0, 262144, (t,), device="cuda")
     t_kv = 32768  # store_kv moves little per token: more tokens keep launch overhead out
     k_kv = torch.randn(t_kv, NKV, D, device="cuda", dtype=f16)
@@ -306,12 +309,12 @@ def sweep(copy_gbs):
     qg = torch.randn(t, NH, 2 * D, device="cuda", dtype=torch.float16)
     k = torch.randn(t, NKV, D, device="cuda", dtype=torch.float16)
     w = torch.randn(D, device="cuda", dtype=torch.float16) * 0.1
-    cs = reference.rope_cos_sin_cache(262144, 64, 1e7, device="cuda")
+    cs = rope_cos_sin_cache(262144, 64, 1e7, device="cuda")
     pos = torch.randint(0, 262144, (t,), device="cuda")
     nbytes = 2 * t * (NH + NKV) * D * 2 + t * 64 * 4
     for cfg in SWEEP_QK:
-        us = _timed(lambda: bench_ms(lambda: norm_rope._qk_norm_rope(qg[..., :D], k, w, w, pos, cs, 1e-6,  # noqa
-                                                                       cfg=cfg)) * 1e3)  # noqa: B023
+        us = _timed(lambda: bench_ms(lambda: norm_rope.qk_norm_rope_with(qg[..., :D], k, w, w, pos, cs, 1e-6,  # noqa
+                                                                         cfg=cfg)) * 1e3)  # noqa: B023
         rows.append(["qk_norm_rope", "", f"{t} x 28 x {D}", f"w{cfg.num_warps} rows {cfg.block_r}", us,
                      nbytes / (us * 1e-6) / 1e9 / copy_gbs if isinstance(us, float) else "", ""])
     h = 5120
@@ -320,7 +323,7 @@ def sweep(copy_gbs):
     for res, name in ((None, "rms_norm"), (r, "rms_norm + residual")):
         nbytes = (2 if res is None else 4) * t * h * 2
         for cfg in SWEEP_RMS:
-            us = _timed(lambda: bench_ms(lambda: norm_rope._rms_norm(x, w, 1e-6, res, cfg=cfg)) * 1e3)  # noqa: B023
+            us = _timed(lambda: bench_ms(lambda: norm_rope.rms_norm_with(x, w, 1e-6, res, cfg=cfg)) * 1e3)  # noqa: B023
             rows.append([name, "", f"{t} x {h}", f"w{cfg.num_warps} rows {cfg.block_r}", us,
                          nbytes / (us * 1e-6) / 1e9 / copy_gbs if isinstance(us, float) else "", ""])
     print_table("launch sweep (us per call; rate = fraction of copy bandwidth, prefill: TFLOP/s)",
@@ -340,9 +343,9 @@ def print_compiled():
     ctas_per_sm of a table row must match what this Triton build made of it."""
     import re
 
-    from catengine.kernels.attention import _paged_attn_kernel
+    from catengine.kernels.attention.paged import paged_attn_kernel
     rows = []
-    for fn in (_paged_attn_kernel,):
+    for fn in (paged_attn_kernel,):
         try:
             caches = [c[0] if isinstance(c, tuple) else c for c in fn.device_caches.values()]
             kernels = [k for c in caches for k in c.values()]

@@ -28,9 +28,10 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from bench.common import (bench_ms, copy_bandwidth_gbs, device_header, graph_ms, matmul_tflops,  # noqa: E402
                           print_table)
-from catengine.kernels import conv1d as cv  # noqa: E402
-from catengine.kernels import gated_delta_rule as gdr  # noqa: E402
-from catengine.kernels import gdn_recurrent as rec  # noqa: E402
+from catengine.kernels.gdn import chunk as gdr  # noqa: E402
+from catengine.kernels.gdn import conv1d as cv  # noqa: E402
+from catengine.kernels.gdn import recurrent as rec  # noqa: E402
+from catengine.kernels.gdn import table as gdn_table  # noqa: E402
 
 HK, HV, DK, DV, KC = 16, 48, 128, 128, 4
 C = 2 * HK * DK + HV * DV
@@ -97,7 +98,7 @@ def bench_prefill(use_fla: bool):
         ours = bench_ms(lambda: gdr.chunk_gated_delta_rule(q, k, v, g, beta, ssm, qsl, slots, has, scale))
         # the kernels timed alone (the table may overlap them on streams for this case), and the
         # other prefill form (split / scan) whole
-        table = gdr._device_table(q.device)
+        table = gdn_table.device_table(q.device)
         alone = dataclasses.replace(table, overlap_max_programs=0, scan_overlap_max_programs=0)
         _, steps = gdr.chunk_steps(q, k, v, g, beta, ssm, qsl, slots, has, scale, table=alone)
         parts = " / ".join(f"{n} {bench_ms(f):.3f}" for n, f in steps if n != "offsets")
@@ -138,7 +139,8 @@ def decode_ms(b, table=None):
     q, k, v, g, beta, _, qsl, _, has = gdn_inputs([1] * b, seed=b)
     ssm = torch.randn(rot * b, HV, DK, DV, device="cuda") * 0.1
     sets = [torch.randperm(b, device="cuda").to(torch.int32) + r * b for r in range(rot)]
-    return graph_ms([lambda s=s: rec._recurrent(q, k, v, g, beta, ssm, qsl, s, has, 0.088, True, None, table)
+    return graph_ms([lambda s=s: rec.recurrent_gated_delta_rule_with(q, k, v, g, beta, ssm, qsl, s, has, 0.088, True,
+                                                                     None, table)
                      for s in sets]), state_bytes
 
 
@@ -169,7 +171,7 @@ def conv_decode_ms(b, table=None):
     x, w, _, _, _, _ = conv_inputs([1] * b, seed=b)
     st = torch.randn(rot * b, KC - 1, C, device="cuda").to(BF16)
     sets = [torch.randperm(b, device="cuda").to(torch.int32) + r * b for r in range(rot)]
-    return graph_ms([lambda s=s: cv._conv_update(x, w, st, s, "silu", table) for s in sets]), nbytes
+    return graph_ms([lambda s=s: cv.causal_conv1d_update_with(x, w, st, s, "silu", table) for s in sets]), nbytes
 
 
 def bench_conv():
@@ -222,7 +224,7 @@ def sweep_prefill(t_end: float, timed=None):
         def timed(label, variant, fn):
             rows.append([label, variant, bench_ms(fn, warmup_ms=10, rep_ms=50)])
             print(f"  {label} {variant}: {rows[-1][2]:.4f} ms", flush=True)
-    base = gdr._device_table(torch.device("cuda"))
+    base = gdn_table.device_table(torch.device("cuda"))
     other = other_form(base)
     for name in ("1 x 64K", "8 x 4K ragged", "1 x 8K"):
         args = gdn_inputs(PREFILL[name])
@@ -257,8 +259,8 @@ def sweep_prefill(t_end: float, timed=None):
 def sweep(budget_s: float):
     """Other launch tables, end to end, around this device's table (coordinate sweep)."""
     t_end = time.time() + budget_s
-    base = gdr._device_table(torch.device("cuda"))
-    cbase = cv._device_table(torch.device("cuda"))
+    base = gdn_table.device_table(torch.device("cuda"))
+    cbase = cv.device_table(torch.device("cuda"))
     rows = []
 
     def timed(label, variant, fn, graph=False):
@@ -278,8 +280,9 @@ def sweep(budget_s: float):
     for bt, bc, nw in ((16, 512, 4), (8, 512, 4), (32, 512, 4), (16, 256, 4), (16, 256, 2), (16, 512, 2), (8, 256, 2),
                        (16, 1024, 4), (16, 1024, 8)):
         tab = dataclasses.replace(cbase, fwd=cv.ConvLaunch(bt, bc, nw, cbase.fwd.num_stages))
-        cv._conv(x, w, st, qsl, slots, has, "silu", tab)
-        timed("conv 8 x 4K", f"BT={bt} BC={bc} warps={nw}", lambda: cv._conv(x, w, st, qsl, slots, has, "silu", tab))
+        cv.causal_conv1d_with(x, w, st, qsl, slots, has, "silu", tab)
+        timed("conv 8 x 4K", f"BT={bt} BC={bc} warps={nw}",
+              lambda: cv.causal_conv1d_with(x, w, st, qsl, slots, has, "silu", tab))
     for bc, nw in ((512, 4), (1024, 8), (256, 2), (256, 4)):
         tab = dataclasses.replace(cbase, update=cv.ConvLaunch(1, bc, nw, 1))
         timed("conv decode 256", f"BC={bc} warps={nw}", lambda: conv_decode_ms(256, tab)[0], graph=True)

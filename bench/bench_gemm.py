@@ -8,7 +8,7 @@ TFLOP/s, and cuBLAS fp16 (torch.nn.functional.linear on the dequantised weight) 
 MoE table (from bench_moe.py, which also sweeps the MoE decode path): one and four decode tokens (bytes of
 the chosen experts) and 64 tokens against a torch loop over the chosen experts with fp16 weights.
 
-The dense table times ``w4a16_linear``, the op the model calls (w4a16_dequant.py), and names the path it
+The dense table times ``w4a16_linear``, the op the model calls (kernels/w4a16/dequant.py), and names the path it
 took at each M: the GEMV, the fused GEMM, or dequantise + cuBLAS from ``DEQUANT_MIN_M`` rows.
 Every timing replays a CUDA graph of back-to-back calls, as a decode step runs layer after layer:
 launch gaps stay out (both sides), calls rotate over enough weight copies (or, for MoE decode,
@@ -31,9 +31,10 @@ import torch.nn.functional as F
 
 from common import copy_bandwidth_gbs, device_header, print_table, rotated
 
-from catengine.kernels import fused_moe as moe
-from catengine.kernels import w4a16, w4a16_dequant
-from catengine.kernels.packing import QuantizedWeight, dequantize, pack_int4_along_k
+from catengine.kernels.moe import fused as moe
+from catengine.kernels.w4a16 import dequant as w4a16_dequant
+from catengine.kernels.w4a16 import gemm as w4a16
+from catengine.kernels.w4a16.packing import QuantizedWeight, dequantize, pack_int4_along_k
 
 DENSE = [("qkv 5120->14336", 5120, 14336), ("o_proj 6144->5120", 6144, 5120),
          ("gate_up 5120->34816", 5120, 34816), ("down 17408->5120", 17408, 5120)]
@@ -164,7 +165,7 @@ def sweep(deadline: float, dtype=torch.float16):
             parts = []
             for _, k, n in shapes[:use]:
                 x = torch.randn(m, k, device="cuda", dtype=dtype)
-                parts.append(graph_ms([lambda w=w: w4a16.w4a16_linear(x, w) for w in ws[(k, n)]], reps=5))
+                parts.append(graph_ms([lambda w=w: w4a16.fused_w4a16_linear(x, w) for w in ws[(k, n)]], reps=5))
             return sum(parts), parts
         return run
 
@@ -248,8 +249,8 @@ def sweep_gemv_dense(dtype=torch.float16, small_m=(2, 4)):
                       else dataclasses.replace(tab, gemv=c, gemv_max_m=4))
                 with patched(w4a16, key, t_):
                     try:
-                        err = ((w4a16.w4a16_linear(x, ws[0]).float() - ref).norm() / ref.norm()).item()
-                        t = graph_ms(rotated(ws, lambda w: w4a16.w4a16_linear(x, w)), reps=5)
+                        err = ((w4a16.fused_w4a16_linear(x, ws[0]).float() - ref).norm() / ref.norm()).item()
+                        t = graph_ms(rotated(ws, lambda w: w4a16.fused_w4a16_linear(x, w)), reps=5)
                     except Exception as e:
                         rows.append([name, m, label, f"failed: {type(e).__name__}: {str(e)[:60]}"])
                         torch.cuda.synchronize()

@@ -19,10 +19,11 @@ import torch.nn.functional as F
 from bench_gemm import GROUP, _pick, graph_ms, patched, qbytes
 from common import copy_bandwidth_gbs, device_header, print_table, rotated
 
-from catengine.kernels import fused_moe as moe
-from catengine.kernels import moe_route as route
-from catengine.kernels import reference, w4a16
-from catengine.kernels.packing import QuantizedWeight, dequantize, pack_int4_along_k
+from catengine.kernels.moe import fused as moe
+from catengine.kernels.moe import naive as reference
+from catengine.kernels.moe import route
+from catengine.kernels.w4a16 import gemm as w4a16
+from catengine.kernels.w4a16.packing import QuantizedWeight, dequantize, pack_int4_along_k
 
 E, TOPK, HID, INTER = 256, 8, 2048, 512
 

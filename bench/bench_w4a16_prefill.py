@@ -15,8 +15,9 @@ import torch.nn.functional as F
 from bench_gemm import GROUP, random_qweight
 from common import bench_ms, copy_bandwidth_gbs, device_header, matmul_tflops, print_table
 
-from catengine.kernels import w4a16, w4a16_dequant
-from catengine.kernels.packing import dequantize
+from catengine.kernels.w4a16 import dequant as w4a16_dequant
+from catengine.kernels.w4a16 import gemm as w4a16
+from catengine.kernels.w4a16.packing import dequantize
 
 SHAPES = [("qkv 5120->14336", 5120, 14336), ("o_proj 6144->5120", 6144, 5120),
           ("gate_up 5120->34816", 5120, 34816), ("down 17408->5120", 17408, 5120)]
@@ -38,7 +39,7 @@ def main() -> None:
             x = torch.randn(m, k, device="cuda", dtype=torch.float16)
             flop = 2 * m * k * n
             t_cublas = bench_ms(lambda: F.linear(x, dense))
-            t_fused = bench_ms(lambda: w4a16.w4a16_linear(x, w))
+            t_fused = bench_ms(lambda: w4a16.fused_w4a16_linear(x, w))
             t_dq = bench_ms(lambda: torch.matmul(x, w4a16_dequant.dequantize(w)))
             rows.append([name, m, t_fused * 1e3, t_dq * 1e3, t_cublas * 1e3, flop / t_dq / 1e9,
                          t_cublas / t_fused, t_cublas / t_dq, flop / t_dq / 1e9 / peak])

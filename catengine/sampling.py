@@ -8,7 +8,7 @@ Pipeline for one decode step (the runner's view)::
 
 Everything is vectorised over the batch and device-agnostic; Python work is per request or per
 token id listed in a request, never per vocabulary entry. Randomness is the counter-based hash of
-``kernels.reference.sampling_uniforms``: a request's draw at output position ``step`` depends only on
+``kernels.sampling.naive.sampling_uniforms``: a request's draw at output position ``step`` depends only on
 ``(seed, step)``, so a seeded request samples the same tokens in any batch, in any row, and after
 preemption-by-recompute. Requests without a seed get one drawn once per request
 (:func:`random_seed`); child ``i`` of an ``n > 1`` request uses :meth:`SamplingParams.child`.

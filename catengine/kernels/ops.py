@@ -1,80 +1,232 @@
 """One dispatch for every op the model calls: the Triton kernel on CUDA, the torch twin elsewhere.
 
-Each Triton module listed in ``TRITON_MODULES`` exports ``TRITON_OPS: dict[name, fn]`` whose
-functions have exactly the signature of ``reference.<name>``. A module that does not exist yet is
-skipped; one that exists but fails to import raises (a broken kernel must not silently fall back).
-``CATENGINE_KERNELS=reference`` forces the twins everywhere (for A/B checks on a GPU).
+Each op below is a plain function with its twin's signature and docstring (``<family>/naive.py``): on
+a CUDA tensor it calls the family's Triton implementation, on any other device (and everywhere under
+``CATENGINE_KERNELS=reference``, for A/B checks on a GPU) the twin. The Triton modules are imported
+inside the CUDA branch: importing them (and Triton) costs about half a second that a CPU run never
+needs. ``@_op`` registers each function under its name (``OP_NAMES``); a second op of one name is an
+error.
 """
 from __future__ import annotations
 
-import functools
-import importlib
-import importlib.util
 import os
+from typing import Callable
 
-from . import reference
-
-TRITON_MODULES = (
-    "catengine.kernels.w4a16",            # issue: Triton kernels I
-    # registers w4a16_linear again, after w4a16: large M -> dequantise + cuBLAS, smaller M -> w4a16's kernels
-    "catengine.kernels.w4a16_dequant",
-    "catengine.kernels.fused_moe",        # issue: Triton kernels I
-    "catengine.kernels.moe_route",        # issue: Triton kernels I (routing, split from fused_moe)
-    "catengine.kernels.attention",        # issue: Triton kernels II
-    "catengine.kernels.kv_store",         # issue: Triton kernels II
-    "catengine.kernels.norm_rope",        # issue: Triton kernels II (norms, RoPE, activations)
-    "catengine.kernels.sampler",          # issue: Triton kernels II
-    "catengine.kernels.conv1d",           # issue: Triton kernels III
-    "catengine.kernels.gated_delta_rule",  # issue: Triton kernels III
-    "catengine.kernels.gdn_recurrent",    # issue: Triton kernels III (gating + recurrent, split from gated_delta_rule)
-)
-
-OP_NAMES = (
-    "rms_norm", "gated_rms_norm", "silu_mul", "qk_norm_rope", "store_kv", "paged_attention",
-    "causal_conv1d", "causal_conv1d_update", "gdn_gating", "chunk_gated_delta_rule",
-    "recurrent_gated_delta_rule", "w4a16_linear", "moe_route", "fused_moe", "sample_tokens",
-)
+from ..errors import CatEngineError
+from .attention import naive as attention_naive
+from .common import e5m2
+from .gdn import naive as gdn_naive
+from .moe import naive as moe_naive
+from .norm import naive as norm_naive
+from .sampling import naive as sampling_naive
+from .w4a16 import naive as w4a16_naive
+from .w4a16.packing import QuantizedWeight
 
 
-@functools.cache
-def triton_ops() -> dict:
-    """Name -> Triton implementation, from every listed module that exists."""
-    table = {}
-    for name in TRITON_MODULES:
-        if importlib.util.find_spec(name) is None:
-            continue
-        module = importlib.import_module(name)
-        for op, fn in getattr(module, "TRITON_OPS", {}).items():
-            if op not in OP_NAMES:
-                raise RuntimeError(f"{name} registers unknown op {op!r}; known ops: {OP_NAMES}")
-            table[op] = fn
-    return table
+class DuplicateOpError(CatEngineError):
+    """Two ops registered under one name: the later would silently replace the earlier."""
+
+
+class OpRegistry:
+    """Name -> twin of each op, filled once while ``ops`` is imported."""
+
+    def __init__(self):
+        self._twins: dict[str, Callable] = {}
+
+    def op(self, twin: Callable) -> Callable[[Callable], Callable]:
+        """Decorator: registers the op named like the function, whose twin is ``twin``; the op takes the
+        twin's docstring (its signature must be the twin's, which tests/kernels/test_ops.py checks)."""
+        def register(fn: Callable) -> Callable:
+            name = fn.__name__
+            if name in self._twins:
+                raise DuplicateOpError(f"op {name!r} is registered twice; each op has one function in ops.py")
+            if twin.__name__ != name:
+                raise DuplicateOpError(f"op {name!r} names the twin {twin.__module__}.{twin.__name__}")
+            self._twins[name] = twin
+            fn.__doc__ = twin.__doc__
+            return fn
+        return register
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._twins)
+
+    def twin(self, name: str) -> Callable:
+        return self._twins[name]
+
+
+REGISTRY = OpRegistry()
+_op = REGISTRY.op
 
 
 def use_triton(device) -> bool:
     return getattr(device, "type", str(device)) == "cuda" and os.environ.get("CATENGINE_KERNELS") != "reference"
 
 
-def get(op: str, device):
-    """The implementation of ``op`` for tensors on ``device``."""
-    if use_triton(device):
-        fn = triton_ops().get(op)
-        if fn is not None:
-            return fn
-    return getattr(reference, op)
+# ---------------------------------------------------------------- norm: norms, RoPE, activations
+@_op(norm_naive.rms_norm)
+def rms_norm(x, weight, eps: float, residual=None):
+    if use_triton(x.device):
+        from .norm import norm_rope
+        return norm_rope.rms_norm(x, weight, eps, residual)
+    return norm_naive.rms_norm(x, weight, eps, residual)
 
 
-def _make(op: str):
-    def dispatch(first, *args, **kwargs):
-        return get(op, first.device)(first, *args, **kwargs)
-    dispatch.__name__ = op
-    dispatch.__doc__ = getattr(reference, op).__doc__
-    return dispatch
+@_op(norm_naive.gated_rms_norm)
+def gated_rms_norm(x, z, weight, eps: float):
+    if use_triton(x.device):
+        from .norm import norm_rope
+        return norm_rope.gated_rms_norm(x, z, weight, eps)
+    return norm_naive.gated_rms_norm(x, z, weight, eps)
 
 
-for _op in OP_NAMES:
-    globals()[_op] = _make(_op)
+@_op(norm_naive.silu_mul)
+def silu_mul(x):
+    if use_triton(x.device):
+        from .norm import norm_rope
+        return norm_rope.silu_mul(x)
+    return norm_naive.silu_mul(x)
 
-rope_cos_sin_cache = reference.rope_cos_sin_cache
-fp16_to_e5m2 = reference.fp16_to_e5m2
-e5m2_to_fp16 = reference.e5m2_to_fp16
+
+@_op(norm_naive.qk_norm_rope)
+def qk_norm_rope(q, k, q_weight, k_weight, positions, cos_sin_cache, eps: float):
+    if use_triton(q.device):
+        from .norm import norm_rope
+        return norm_rope.qk_norm_rope(q, k, q_weight, k_weight, positions, cos_sin_cache, eps)
+    return norm_naive.qk_norm_rope(q, k, q_weight, k_weight, positions, cos_sin_cache, eps)
+
+
+# ---------------------------------------------------------------- attention: paged KV cache
+@_op(attention_naive.store_kv)
+def store_kv(key, value, k_cache, v_cache, slot_mapping):
+    if use_triton(key.device):
+        from .attention import kv_store
+        return kv_store.store_kv(key, value, k_cache, v_cache, slot_mapping)
+    return attention_naive.store_kv(key, value, k_cache, v_cache, slot_mapping)
+
+
+@_op(attention_naive.paged_attention)
+def paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale: float,
+                    max_query_len: int, max_seq_len: int, gate=None):
+    if use_triton(q.device):
+        from .attention import paged
+        return paged.paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
+                                     max_query_len, max_seq_len, gate)
+    return attention_naive.paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
+                                           max_query_len, max_seq_len, gate)
+
+
+# ---------------------------------------------------------------- gdn: conv1d, gating, gated delta rule
+@_op(gdn_naive.causal_conv1d)
+def causal_conv1d(x, weight, conv_states, query_start_loc, state_slots, has_initial_state,
+                  activation: str | None = "silu"):
+    if use_triton(x.device):
+        from .gdn import conv1d
+        return conv1d.causal_conv1d(x, weight, conv_states, query_start_loc, state_slots, has_initial_state,
+                                    activation)
+    return gdn_naive.causal_conv1d(x, weight, conv_states, query_start_loc, state_slots, has_initial_state,
+                                   activation)
+
+
+@_op(gdn_naive.causal_conv1d_update)
+def causal_conv1d_update(x, weight, conv_states, state_slots, activation: str | None = "silu"):
+    if use_triton(x.device):
+        from .gdn import conv1d
+        return conv1d.causal_conv1d_update(x, weight, conv_states, state_slots, activation)
+    return gdn_naive.causal_conv1d_update(x, weight, conv_states, state_slots, activation)
+
+
+@_op(gdn_naive.gdn_gating)
+def gdn_gating(A_log, a, dt_bias, b):
+    if use_triton(A_log.device):
+        from .gdn import recurrent
+        return recurrent.gdn_gating(A_log, a, dt_bias, b)
+    return gdn_naive.gdn_gating(A_log, a, dt_bias, b)
+
+
+@_op(gdn_naive.chunk_gated_delta_rule)
+def chunk_gated_delta_rule(q, k, v, g, beta, ssm_states, query_start_loc, state_slots,
+                           has_initial_state, scale: float, use_qk_l2norm: bool = True,
+                           chunk_size: int = 64):
+    if use_triton(q.device):
+        from .gdn import chunk
+        return chunk.chunk_gated_delta_rule(q, k, v, g, beta, ssm_states, query_start_loc, state_slots,
+                                            has_initial_state, scale, use_qk_l2norm, chunk_size)
+    return gdn_naive.chunk_gated_delta_rule(q, k, v, g, beta, ssm_states, query_start_loc, state_slots,
+                                            has_initial_state, scale, use_qk_l2norm, chunk_size)
+
+
+@_op(gdn_naive.recurrent_gated_delta_rule)
+def recurrent_gated_delta_rule(q, k, v, g, beta, ssm_states, query_start_loc, state_slots,
+                               has_initial_state, scale: float, use_qk_l2norm: bool = True,
+                               intermediate_state_slots=None):
+    if use_triton(q.device):
+        from .gdn import recurrent
+        return recurrent.recurrent_gated_delta_rule(q, k, v, g, beta, ssm_states, query_start_loc, state_slots,
+                                                    has_initial_state, scale, use_qk_l2norm,
+                                                    intermediate_state_slots)
+    return gdn_naive.recurrent_gated_delta_rule(q, k, v, g, beta, ssm_states, query_start_loc, state_slots,
+                                                has_initial_state, scale, use_qk_l2norm, intermediate_state_slots)
+
+
+# ---------------------------------------------------------------- w4a16 and moe
+@_op(w4a16_naive.w4a16_linear)
+def w4a16_linear(x, weight: QuantizedWeight, bias=None):
+    if use_triton(x.device):
+        # the one CUDA implementation: dequantise + cuBLAS for large M, the fused GEMV / GEMM otherwise
+        from .w4a16 import dequant
+        return dequant.w4a16_linear(x, weight, bias)
+    return w4a16_naive.w4a16_linear(x, weight, bias)
+
+
+@_op(moe_naive.moe_route)
+def moe_route(router_logits, top_k: int, renormalize: bool = True):
+    if use_triton(router_logits.device):
+        from .moe import route
+        return route.moe_route(router_logits, top_k, renormalize)
+    return moe_naive.moe_route(router_logits, top_k, renormalize)
+
+
+@_op(moe_naive.fused_moe)
+def fused_moe(x, w13, w2, topk_weights, topk_ids):
+    if use_triton(x.device):
+        from .moe import fused
+        return fused.fused_moe(x, w13, w2, topk_weights, topk_ids)
+    return moe_naive.fused_moe(x, w13, w2, topk_weights, topk_ids)
+
+
+# ---------------------------------------------------------------- sampling
+@_op(sampling_naive.sample_tokens)
+def sample_tokens(logits, temperature, top_k, top_p, min_p, seeds, steps):
+    if use_triton(logits.device):
+        from .sampling import sampler
+        return sampler.sample_tokens(logits, temperature, top_k, top_p, min_p, seeds, steps)
+    return sampling_naive.sample_tokens(logits, temperature, top_k, top_p, min_p, seeds, steps)
+
+
+OP_NAMES = REGISTRY.names()
+
+
+def triton_ops() -> dict[str, Callable]:
+    """Name -> Triton implementation of every op (imports Triton): what each op above calls on CUDA,
+    for tests that compare every op's signature with its twin's."""
+    from .attention import kv_store, paged
+    from .gdn import chunk, conv1d, recurrent
+    from .moe import fused, route
+    from .norm import norm_rope
+    from .sampling import sampler
+    from .w4a16 import dequant
+    return {
+        "rms_norm": norm_rope.rms_norm, "gated_rms_norm": norm_rope.gated_rms_norm, "silu_mul": norm_rope.silu_mul,
+        "qk_norm_rope": norm_rope.qk_norm_rope, "store_kv": kv_store.store_kv,
+        "paged_attention": paged.paged_attention, "causal_conv1d": conv1d.causal_conv1d,
+        "causal_conv1d_update": conv1d.causal_conv1d_update, "gdn_gating": recurrent.gdn_gating,
+        "chunk_gated_delta_rule": chunk.chunk_gated_delta_rule,
+        "recurrent_gated_delta_rule": recurrent.recurrent_gated_delta_rule, "w4a16_linear": dequant.w4a16_linear,
+        "moe_route": route.moe_route, "fused_moe": fused.fused_moe, "sample_tokens": sampler.sample_tokens,
+    }
+
+
+# not ops (no Triton form): the model builds the RoPE table once, the engine converts fp8 bytes
+rope_cos_sin_cache = norm_naive.rope_cos_sin_cache
+fp16_to_e5m2 = e5m2.fp16_to_e5m2
+e5m2_to_fp16 = e5m2.e5m2_to_fp16

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from ..errors import ModelLoadError
 from ..kernels import ops
-from ..kernels.packing import QuantizedWeight, dequantize
+from ..kernels.w4a16.packing import QuantizedWeight, dequantize
 
 
 class WeightSlots:

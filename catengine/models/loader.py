@@ -32,7 +32,7 @@ import torch
 from safetensors import safe_open
 
 from ..errors import ModelLoadError
-from ..kernels.packing import QuantizedWeight
+from ..kernels.w4a16.packing import QuantizedWeight
 from .model_config import ModelConfig
 from .quant_formats import QUANT_PARTS, awq_to_canonical, ct_to_canonical, matches_skip, module_format
 

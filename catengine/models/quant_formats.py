@@ -22,7 +22,7 @@ from typing import Iterable
 import torch
 
 from ..errors import ModelLoadError
-from ..kernels.packing import QuantizedWeight
+from ..kernels.w4a16.packing import QuantizedWeight
 
 # nibble i of an AWQ word holds column AWQ_ORDER[i] of its 8-column pack (AutoAWQ's GEMM order)
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)

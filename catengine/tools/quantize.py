@@ -21,7 +21,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ..errors import CatEngineError, ConfigError
-from ..kernels.packing import QuantizedWeight, pack_int4_along_k
+from ..kernels.w4a16.packing import QuantizedWeight, pack_int4_along_k
 from ..models.loader import INDEX_FILE, list_tensors
 from ..models.quant_formats import canonical_to_awq, canonical_to_ct, matches_skip
 

@@ -1,17 +1,39 @@
 """Every launch configuration of every Triton module compiles ahead of time for sm_70 (within the V100's
 96 KB of shared memory and without sm_80+ instructions) and for sm_90 (without pipelined wgmma
 operands that the next copy overwrites). No GPU needed."""
-import importlib.util
-
 import pytest
 
-from catengine.kernels.aot import SM70_SHARED_LIMIT, compile_module
-from catengine.kernels.ops import TRITON_MODULES
+from catengine.kernels.common.aot import SM70_SHARED_LIMIT, compile_module
 
-PRESENT = [m for m in TRITON_MODULES if importlib.util.find_spec(m) is not None]
+# every module with an aot_configs list; moe.fused also builds moe.decode's kernels, attention.paged
+# the split-KV reduce of attention.decode, w4a16.gemm the shared split-K reduce
+AOT_MODULES = (
+    "catengine.kernels.w4a16.gemm",
+    "catengine.kernels.w4a16.dequant",
+    "catengine.kernels.moe.fused",
+    "catengine.kernels.moe.route",
+    "catengine.kernels.attention.paged",
+    "catengine.kernels.attention.kv_store",
+    "catengine.kernels.norm.norm_rope",
+    "catengine.kernels.sampling.sampler",
+    "catengine.kernels.gdn.conv1d",
+    "catengine.kernels.gdn.chunk",
+    "catengine.kernels.gdn.recurrent",
+)
 
 
-@pytest.mark.parametrize("module", PRESENT)
+def test_aot_list_names_every_module_with_aot_configs():
+    """A new kernel module with an aot_configs list is compiled here too."""
+    import pathlib
+
+    import catengine.kernels as kernels
+    root = pathlib.Path(kernels.__file__).parent
+    found = {"catengine.kernels." + ".".join(p.relative_to(root).with_suffix("").parts)
+             for p in root.glob("*/*.py") if "\ndef aot_configs(" in p.read_text()}
+    assert found == set(AOT_MODULES)
+
+
+@pytest.mark.parametrize("module", AOT_MODULES)
 @pytest.mark.parametrize("cc", [70, 90])
 def test_module_compiles(module, cc):
     results = compile_module(module, cc)
@@ -39,6 +61,6 @@ _TTGIR = """
 def test_overwritten_wgmma_operands_reads_ttgir(slots, pendings, flagged):
     """The check flags a single-slot buffer feeding an asynchronous wgmma only while a wait leaves
     wgmma groups in flight; double-buffered operands and fully waited wgmmas pass."""
-    from catengine.kernels.aot import overwritten_wgmma_operands
+    from catengine.kernels.common.aot import overwritten_wgmma_operands
     ttgir = _TTGIR.replace("{slots}", str(slots)).replace("{pendings}", str(pendings))
     assert overwritten_wgmma_operands(ttgir) == flagged

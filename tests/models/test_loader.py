@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from catengine.errors import ModelLoadError
-from catengine.kernels.packing import QuantizedWeight, dequantize
+from catengine.kernels.w4a16.packing import QuantizedWeight, dequantize
 from catengine.models import ModelConfig, load_model
 from catengine.models.batch import BatchMetadata
 from catengine.models.loader import INDEX_FILE, checkpoint_names, iter_checkpoint

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from catengine.kernels import ops
-from catengine.kernels.packing import QuantizedWeight, pack_int4_along_k
+from catengine.kernels.w4a16.packing import QuantizedWeight, pack_int4_along_k
 from catengine.models import ModelConfig, model_class
 from catengine.models.batch import BatchMetadata
 

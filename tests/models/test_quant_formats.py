@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from catengine.errors import ModelLoadError
-from catengine.kernels.packing import QuantizedWeight, dequantize
+from catengine.kernels.w4a16.packing import QuantizedWeight, dequantize
 from catengine.models.quant_formats import (awq_to_canonical, canonical_to_awq, canonical_to_ct, ct_to_canonical,
                                             matches_skip, module_format)
 

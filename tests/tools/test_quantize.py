@@ -9,7 +9,7 @@ from safetensors.torch import load_file, save_file
 
 from catengine.cli import main as cli_main
 from catengine.errors import ConfigError
-from catengine.kernels.packing import dequantize, unpack_int4_along_k
+from catengine.kernels.w4a16.packing import dequantize, unpack_int4_along_k
 from catengine.models import ModelConfig
 from catengine.models.loader import INDEX_FILE, iter_checkpoint
 from catengine.models.quant_formats import matches_skip

@@ -10,7 +10,7 @@ import transformers
 from safetensors import safe_open
 
 from catengine.errors import ConfigError
-from catengine.kernels.packing import QuantizedWeight, dequantize
+from catengine.kernels.w4a16.packing import QuantizedWeight, dequantize
 from catengine.models import ModelConfig, load_model
 from catengine.models.batch import BatchMetadata
 from catengine.models.loader import INDEX_FILE, iter_checkpoint, list_tensors, normalize_name

@@ -1,0 +1,91 @@
+"""Ahead-of-time compilation of kernel configurations for a GPU we may not have (the design notes,
+../shared/design/SM70.md).
+
+Each Triton module lists its launch configurations with ``aot_configs(cc) -> list[AotConfig]``
+(the same per-architecture table it launches with). ``python -m catengine.kernels.common.aot MODULE CC``
+compiles them all and prints one JSON line per configuration; the tests call it in a subprocess
+because the Triton interpreter (``TRITON_INTERPRET=1``) replaces ``triton.jit`` functions with
+objects the compiler cannot take.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+SM70_SHARED_LIMIT = 96 * 1024
+# PTX that sm_70 cannot run: bf16 arithmetic/conversion, cp.async, fp8 e4m3, wgmma/TMA
+SM70_FORBIDDEN_PTX = (".bf16", "cp.async", "e4m3", "wgmma", "cp.async.bulk")
+
+
+@dataclass(frozen=True)
+class AotConfig:
+    kernel: str                      # attribute name of the @triton.jit function in the module
+    signature: dict                  # {"arg": "*fp16" | "i32" | "fp32" | "constexpr", ...}
+    constexprs: dict = field(default_factory=dict)
+    num_warps: int = 4
+    num_stages: int = 2
+    name: str = ""                   # label for reports
+    # integer arguments the launcher guarantees to be multiples of 16 (strides, sizes): Triton specialises
+    # on that at run time, and without the hint the AOT build would not be the build that runs
+    divisible_by_16: tuple[str, ...] = ()
+
+
+def compile_config(module, cfg: AotConfig, cc: int) -> dict:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = getattr(module, cfg.kernel)
+    # torch allocations are 16-byte aligned, so every pointer is specialised as such at run time too
+    hinted = [n for n, t in cfg.signature.items() if t.startswith("*") or n in cfg.divisible_by_16]
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in hinted}
+    src = ASTSource(fn=fn, signature=cfg.signature, constexprs=cfg.constexprs, attrs=attrs)
+    k = triton.compile(src, target=GPUTarget("cuda", cc, 32),
+                       options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+    ptx = k.asm["ptx"]
+    return {"kernel": cfg.kernel, "name": cfg.name, "cc": cc, "shared": k.metadata.shared,
+            "forbidden": [s for s in SM70_FORBIDDEN_PTX if s in ptx] if cc < 80 else [],
+            "mma884": "mma.sync.aligned.m8n8k4" in ptx,
+            "overwritten_wgmma_operands": overwritten_wgmma_operands(k.asm.get("ttgir", ""))}
+
+
+def overwritten_wgmma_operands(ttgir: str) -> list[str]:
+    """Pipelined shared buffers with a single slot that an asynchronous wgmma reads while a later
+    wait still leaves wgmma groups in flight: the copy of the next iteration's tile then overwrites
+    operands the hardware may still be reading. Triton's pipeliner (3.6, 3.9) does this to a tile
+    that feeds a wgmma and also another use (a sum, say); the interpreter cannot show the result."""
+    if not re.search(r"warp_group_dot_wait[^\n]*pendings = [1-9]", ttgir):
+        return []
+    single = set(re.findall(r"(%[\w.]+) = ttg\.local_alloc\s*(?:\{[^}]*\})?\s*: \(\) -> !ttg\.memdesc<1x", ttgir))
+    view = dict(re.findall(r"(%[\w.]+) = ttg\.memdesc_index (%[\w.]+)\[", ttgir))
+    hits = []
+    for line in ttgir.splitlines():
+        m = re.search(r"ttng\.warp_group_dot (%[\w.]+), (%[\w.]+),[^\n]*isAsync = true", line)
+        if m:
+            hits += [view.get(x, x) for x in m.groups() if view.get(x, x) in single]
+    return sorted(set(hits))
+
+
+def compile_module(module_name: str, cc: int) -> list[dict]:
+    """Run in a fresh interpreter without TRITON_INTERPRET; returns one result per configuration."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-m", "catengine.kernels.common.aot", module_name, str(cc)],
+                         env=env, capture_output=True, text=True, timeout=900)
+    if out.returncode:
+        raise RuntimeError(f"AOT compile of {module_name} for sm_{cc} failed:\n{out.stderr[-4000:]}")
+    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+
+
+def _main(module_name: str, cc: int) -> None:
+    module = importlib.import_module(module_name)
+    for cfg in module.aot_configs(cc):
+        print(json.dumps(compile_config(module, cfg, cc)), flush=True)
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1], int(sys.argv[2]))

@@ -1,0 +1,25 @@
+"""The split-K reduce that the W4A16 GEMM/GEMV and the MoE down projection share: SPLIT_K fp32
+partials [SPLIT_K, M, N] summed in a fixed order (results do not depend on scheduling), plus the
+optional bias, cast to the output dtype. One program per (row, BLOCK columns).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+REDUCE_BLOCK = 1024     # output columns per reduce program
+
+
+@triton.jit
+def splitk_reduce_kernel(part_ptr, bias_ptr, y_ptr, M, N, stride_ym, SPLIT_K: tl.constexpr,
+                         BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr):
+    i_m, i_b = tl.program_id(0), tl.program_id(1)
+    o_n = i_b * BLOCK + tl.arange(0, BLOCK)
+    m_n = o_n < N
+    acc = tl.zeros([BLOCK], tl.float32)
+    for i_s in tl.static_range(SPLIT_K):
+        # [BLOCK]
+        acc += tl.load(part_ptr + (i_s * M + i_m) * N + o_n, mask=m_n, other=0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + o_n, mask=m_n, other=0).to(tl.float32)
+    tl.store(y_ptr + i_m * stride_ym + o_n, acc.to(y_ptr.dtype.element_ty), mask=m_n)

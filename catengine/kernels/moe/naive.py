@@ -1,0 +1,48 @@
+"""Torch twins of the MoE family: routing and the routed experts; the oracle in tests and the
+engine's CPU path.
+
+Each function has exactly the signature of the Triton implementation that replaces it on CUDA
+(``catengine.kernels.ops`` picks one or the other); shapes use the letters of the package docstring
+(:mod:`catengine.kernels`). Unless said otherwise, outputs have the dtype of the main input and math is
+done in fp32.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..norm.naive import silu_mul
+from ..w4a16.packing import QuantizedWeight, dequantize
+
+
+def moe_route(router_logits, top_k: int, renormalize: bool = True):
+    """Softmax over all experts in fp32, top-k, optional renormalisation of the chosen weights.
+    router_logits: [T, E] -> (topk_weights fp32 [T, k], topk_ids int32 [T, k])."""
+    probs = router_logits.float().softmax(-1)
+    w, ids = probs.topk(top_k, dim=-1)
+    if renormalize:
+        w = w / w.sum(-1, keepdim=True)
+    return w, ids.to(torch.int32)
+
+
+def _expert_matrix(w, e: int, dtype):
+    """Expert e's weight in x @ W layout [in, out]: dense experts are stored torch-style [out, in]."""
+    if isinstance(w, QuantizedWeight):
+        return dequantize(QuantizedWeight(w.qweight[e], w.scales[e], w.zeros[e], w.group_size), dtype)
+    return w[e].to(dtype).t()
+
+
+def fused_moe(x, w13, w2, topk_weights, topk_ids):
+    """Routed experts: sum_j topk_weights[t, j] * down(silu(gate x) * up x) of expert topk_ids[t, j].
+
+    x: [T, H]; w13: dense [E, 2I, H] (gate rows first) or QuantizedWeight [E, H//8, 2I];
+    w2: dense [E, H, I] or QuantizedWeight [E, I//8, H]. Returns [T, H] in x.dtype.
+    """
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    ids = topk_ids.long()
+    for e in ids.unique().tolist():
+        tok, slot = (ids == e).nonzero(as_tuple=True)
+        h = x[tok].float() @ _expert_matrix(w13, e, torch.float32)
+        h = silu_mul(h)
+        y = h @ _expert_matrix(w2, e, torch.float32)
+        out.index_add_(0, tok, y * topk_weights[tok, slot, None].float())
+    return out.to(x.dtype)
