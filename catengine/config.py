@@ -1,7 +1,7 @@
 """EngineConfig: every setting of an Engine, frozen, validated with messages that say what to change.
 
 ``Engine(**kwargs)`` takes exactly these fields; ``catengine serve`` has one flag per field under vLLM's
-name where vLLM has one (catengine/server/cli.py; a test checks that every field is reachable), and
+name where vLLM has one (catengine/cli/serve.py; a test checks that every field is reachable), and
 ``metadata["help"]`` documents each field. ``None`` means "pick for me": the engine resolves it
 from the model and the device (see :meth:`EngineConfig.resolve`) and exposes the resolved copy as
 ``engine.config``.
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .errors import ConfigError
+from .kernels.attention import DEFAULT_BLOCK_SIZE
 from .models.kv_cache_dtype import KV_CACHE_DTYPES
 
 DTYPES = {"float16": torch.float16, "half": torch.float16, "fp16": torch.float16,
@@ -44,7 +45,8 @@ class EngineConfig:
     max_num_batched_tokens: int | None = _help("token budget of one step (prompt chunks + decodes); None: 8192 on "
                                                "CUDA, 2048 on CPU")
     kv_cache_dtype: str = _help("KV cache storage: auto (the model dtype) or fp8_e5m2", "auto")
-    block_size: int = _help("tokens per KV block (also the prefix-cache and state-snapshot granularity)", 16)
+    block_size: int = _help("tokens per KV block (also the prefix-cache and state-snapshot granularity)",
+                        DEFAULT_BLOCK_SIZE)
     enable_prefix_caching: bool = _help("reuse the KV blocks and GDN states of shared prompt prefixes", True)
     gpu_memory_utilization: float = _help("fraction of the GPU's memory the engine may use in total", 0.9)
     kv_cache_memory_bytes: int | None = _help("exact bytes for KV blocks + state slots (skips the GPU profile); "

@@ -33,6 +33,7 @@ from ..common.aot import AotConfig
 from ..common.arch import INTERPRET, arch_from_cc, arch_of, device_key
 from ..common.e5m2_jit import e5m2_pair
 from .decode import kv_tile, split_reduce_kernel
+from . import DEFAULT_BLOCK_SIZE
 from .launch import DECODE, DECODE_E5M2, PREFILL, AttnLaunch, decode_warps, num_decode_splits, table_launch
 
 DECODE_MAX_QUERY = 8          # up to this many new tokens per sequence use the split-KV decode launch
@@ -277,15 +278,6 @@ def _attn_signature(act: str, kv: str) -> dict:
     return sig
 
 
-def engine_block_size() -> int:
-    """The KV block size the engine runs unless told otherwise. The kernel specialises on it (``BS`` is a
-    constexpr: the key-tile gather picks its index math from it), so the ahead-of-time build needs it; its one
-    owner is the default of ``EngineConfig.block_size`` (catengine/config.py), read here and only here, for
-    the ahead-of-time list (the launcher takes the block size from the cache tensor's shape)."""
-    from ...config import EngineConfig
-    return next(f.default for f in dataclasses.fields(EngineConfig) if f.name == "block_size")
-
-
 def aot_configs(cc: int) -> list[AotConfig]:
     """Every table row, for the gated Qwen3.5 layer in the arch's model dtype (fp16 on sm_70, bf16 on
     sm_80+) and the engine's default block size, with the model-dtype cache and, for d = 256, the e5m2
@@ -293,7 +285,7 @@ def aot_configs(cc: int) -> list[AotConfig]:
     decode row with the other widening too (the inline PTX must assemble for sm_70 and sm_90)."""
     arch = arch_from_cc(cc)
     act = "fp16" if arch == 70 else "bf16"
-    block_size = engine_block_size()
+    block_size = DEFAULT_BLOCK_SIZE
     out = []
 
     def add(c: AttnLaunch, kv: str, d: int, bm: int, split: bool, name: str):
