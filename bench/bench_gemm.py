@@ -21,15 +21,13 @@ configurations (how the tables were chosen), until the deadline, and the tables 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
 from common import copy_bandwidth_gbs, device_header, print_table, rotated
+from w4a16_common import GROUP, graph_ms, patched, pick_fastest, qbytes
 
 from catengine.kernels.moe import fused as moe
 from catengine.kernels.w4a16 import dequant as w4a16_dequant
@@ -39,34 +37,7 @@ from catengine.kernels.w4a16.packing import QuantizedWeight, dequantize, pack_in
 DENSE = [("qkv 5120->14336", 5120, 14336), ("o_proj 6144->5120", 6144, 5120),
          ("gate_up 5120->34816", 5120, 34816), ("down 17408->5120", 17408, 5120)]
 MS = [1, 2, 4, 8, 16, 64, 256, 2048, 8192]
-GROUP = 128
 ROTATE_BYTES = 160 << 20      # > 3x the H200's L2
-
-
-def graph_ms(calls, reps: int = 15) -> float:
-    """Milliseconds per call: one CUDA graph holds every call once, replayed ``reps`` times."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for c in calls:          # compile and allocate outside the capture
-            c()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for c in calls:
-            c()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    del graph
-    return statistics.median(times) / len(calls)
 
 
 def random_qweight(k, n, dtype, seed):
@@ -83,10 +54,6 @@ def dense_path(m: int) -> str:
     if m <= w4a16.TABLES[key].gemv_max_m:
         return "GEMV"
     return "GEMM" if m < w4a16_dequant.DEQUANT_MIN_M[key] else "dequant + cuBLAS"
-
-
-def qbytes(k, n):
-    return k * n // 2 + 2 * (k // GROUP) * n * 2
 
 
 def copies_for(nbytes):
@@ -122,36 +89,6 @@ def bench_dense(dtype=torch.float16):
 
 
 # ---------------------------------------------------------------- sweep (how the sm_90 tables were chosen)
-@contextlib.contextmanager
-def patched(module, key, table):
-    old = module.TABLES[key]
-    module.TABLES[key] = table
-    try:
-        yield
-    finally:
-        module.TABLES[key] = old
-
-
-def _pick(label, module, key, candidates, run, deadline):
-    """Time run() under each candidate table (until the deadline); print them, return the fastest."""
-    rows, best = [], (float("inf"), candidates[0][1])
-    for desc, table in candidates:
-        if time.time() > deadline:
-            rows.append([desc, "skipped (deadline)"])
-            continue
-        try:
-            with patched(module, key, table):
-                total, parts = run()
-        except Exception as e:      # e.g. a tile that needs more shared memory than the chip has
-            rows.append([desc, f"failed: {type(e).__name__}: {str(e)[:80]}"])
-            torch.cuda.synchronize()
-            continue
-        rows.append([desc, total * 1e3] + [p * 1e3 for p in parts])
-        best = min(best, (total, table), key=lambda b: b[0])
-    print_table(f"sweep {label} (us; first column the sum)", ["config", "sum"] + ["part"] * 3, rows)
-    return best[1]
-
-
 def sweep(deadline: float, dtype=torch.float16):
     """Try launch configurations for each M bucket on o_proj, gate_up (and down at M = 1); keep the
     fastest by summed time. Returns the chosen (w4a16, fused_moe) tables."""
@@ -173,7 +110,7 @@ def sweep(deadline: float, dtype=torch.float16):
     gemv = [gv(64, 512, 4, 1, 4), gv(64, 512, 4, 1, 8), gv(32, 512, 4, 1, 8), gv(128, 256, 4, 1, 8),
             gv(64, 256, 4, 1, 16), gv(64, 1024, 8, 1, 4), gv(128, 512, 8, 1, 8), gv(64, 128, 2, 1, 16),
             gv(64, 512, 4, 3, 8), gv(32, 256, 4, 1, 16), gv(128, 512, 4, 1, 4), gv(64, 512, 8, 1, 8)]
-    tab = _pick("M=1", w4a16, key, [(str(c), rep(tab, gemv=c)) for c in gemv], timer(1, 3), deadline)
+    tab = pick_fastest("M=1", w4a16, key, [(str(c), rep(tab, gemv=c)) for c in gemv], timer(1, 3), deadline)
     buckets = [(16, 16, [gm(16, 128, 128, 4, 3, 4), gm(16, 128, 128, 8, 3, 4), gm(16, 64, 128, 4, 2, 8),
                          gm(16, 128, 64, 4, 4, 8), gm(16, 64, 64, 4, 4, 8), gm(16, 256, 128, 8, 4, 2),
                          gm(16, 64, 128, 4, 3, 8), gm(16, 128, 128, 4, 4, 8)]),
@@ -189,8 +126,8 @@ def sweep(deadline: float, dtype=torch.float16):
         others = [(mm, c) for mm, c in tab.gemm if mm != max_m]
         options = [(str(c), rep(tab, gemm=tuple(sorted(others + [(max_m, c)], key=lambda e: e[0]))))
                    for c in cands]
-        tab = _pick(f"M={m}", w4a16, key, options, timer(m, 2), deadline)
-    from bench_moe import sweep_moe     # bench_moe imports this module's helpers
+        tab = pick_fastest(f"M={m}", w4a16, key, options, timer(m, 2), deadline)
+    from bench_moe import sweep_moe
     return tab, sweep_moe(deadline, dtype)
 
 

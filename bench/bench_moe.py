@@ -16,8 +16,8 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from bench_gemm import GROUP, _pick, graph_ms, patched, qbytes
 from common import copy_bandwidth_gbs, device_header, print_table, rotated
+from w4a16_common import GROUP, graph_ms, patched, pick_fastest, qbytes
 
 from catengine.kernels.moe import fused as moe
 from catengine.kernels.moe import naive as reference
@@ -180,7 +180,7 @@ def sweep_moe(deadline, dtype):
 
     gm = w4a16.GemmConfig
     grids = [gm(16, 64, 64, 4, 4), gm(16, 64, 128, 4, 3), gm(16, 128, 64, 8, 4)]
-    return _pick("MoE 64 tokens, BM=16 GEMM", moe, key,
+    return pick_fastest("MoE 64 tokens, BM=16 GEMM", moe, key,
                  [(str(c), dataclasses.replace(tab, gemm=((16, c),) + tab.gemm[1:])) for c in grids], timer(64, 2),
                  deadline)
 
