@@ -17,6 +17,8 @@ from .tool_parsers import held_suffix
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
+# modes that drop the newlines after a tag, and the mode that follows them
+_AFTER_TAG = {"opened": "reasoning", "after": "content"}
 
 
 @dataclass
@@ -81,8 +83,8 @@ class Qwen3ReasoningParser:
                 if len(body) < len(THINK_OPEN) and THINK_OPEN.startswith(body) and not final:
                     return
                 if body.startswith(THINK_OPEN):
-                    self._buf = body[len(THINK_OPEN):].lstrip("\n")
-                    self._mode = "reasoning"
+                    self._buf = body[len(THINK_OPEN):]
+                    self._mode = "opened"
                 elif self._mode == "start":
                     self._buf = body
                     self._mode = "reasoning"
@@ -111,13 +113,14 @@ class Qwen3ReasoningParser:
                     self._emit("reasoning", self._newlines)
                     self._newlines = ""
                 return
-            if self._mode == "after":
+            if self._mode in _AFTER_TAG:
+                # the newlines framing a tag are layout, also when they arrive in a later delta than the tag
                 body = s.lstrip("\n")
                 if not body and not final:
                     self._buf = ""
                     return
                 self._buf = body
-                self._mode = "content"
+                self._mode = _AFTER_TAG[self._mode]
                 continue
             self._emit("content", s)
             self._buf = ""

@@ -60,6 +60,18 @@ def test_streaming_matches_split(text, cuts, opened, thinking):
     assert kinds == sorted(kinds, key=lambda k: k != "reasoning")
 
 
+@pytest.mark.parametrize("text", SAMPLES)
+@pytest.mark.parametrize("opened", [False, True])
+def test_streaming_matches_split_at_every_cut(text, opened):
+    """Every single cut and the char-by-char stream, exhaustively: the random test above found a cut right
+    after an explicit <think> whose following newlines leaked into the reasoning ('<think>' | '\n\nx...')."""
+    whole = Qwen3ReasoningParser.split(text, thinking=True, prompt_opened=opened)
+    want = (whole.reasoning or "", whole.content or "")
+    for cuts in [[c] for c in range(len(text) + 1)] + [list(range(len(text)))]:
+        r, c, _ = _stream(text, cuts, thinking=True, prompt_opened=opened)
+        assert (r, c) == want, cuts
+
+
 def test_char_by_char_reasoning_streams_incrementally():
     text = "step one, step two\n</think>\n\nfinal"
     r, c, kinds = _stream(text, list(range(len(text))))
