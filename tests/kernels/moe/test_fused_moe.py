@@ -10,7 +10,7 @@ I 512, H 2048), the decode path replayed from a CUDA graph, with programmatic de
 Tolerance on ||y - ref|| / ||ref||: the twin keeps the intermediate silu(gate) * up in fp32, the
 kernels store it in the activation dtype (it feeds a tensor-core product), and the sorted path also
 stores each expert's weighted output in that dtype before the top-k sum. Each adds one rounding of
-the activation dtype on top of the output's: 2e-3 for fp16, 1.5e-2 for bf16 (8 significant bits,
+the activation dtype (the output itself is fp32 in both, never rounded to it): 2e-3 for fp16, 1.5e-2 for bf16 (8 significant bits,
 three roundings of ~2e-3 rms each plus the dequantised weights' one). The fp16 decode path on CUDA
 also rounds the dense GEMV's half2 products (test_w4a16.py): 6.6e-4 to 6.9e-4 measured at the real
 shape, inside the same bound.
