@@ -9,7 +9,7 @@ Tolerance: both runs share the same (fp16-rounded) weights, so the difference is
 only: every GEMM input, norm output, attention / GDN output and MLP output is rounded to fp16 (relative
 2^-11 = 4.9e-4 each). Four layers with ~10 such roundings each, the last one the final norm's output
 before lm_head: adding them linearly (the worst case, no cancellation) gives ~40 x 4.9e-4 = 2e-2 of
-the logits' scale; the measured error is about 10x smaller. We bound max |dlogit| by 2e-2 x max |logit|.
+the logits' scale; measured: 7.9e-4 (dense) and 8.3e-4 (MoE) of it. We bound max |dlogit| by 2e-2 x max |logit|.
 """
 import pytest
 import torch
