@@ -14,6 +14,18 @@ from .model_config import ModelConfig
 from .linear import Linear, MergedLinear, WeightSlots
 
 
+def residual_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The residual stream's dtype for a model dtype: fp32 for fp16, the model dtype otherwise.
+
+    Qwen3.5/3.6 are trained in bf16, whose range is fp32's: their residual streams grow past fp16's
+    65,504 in some layers (massive activations), which in an fp16 stream become inf and then NaN in
+    the next norm. An fp32 stream costs 2 extra bytes per element read and written by each fused
+    add + norm, small beside the GEMMs. bf16 keeps a bf16 stream: it cannot overflow, it matches the
+    transformers reference's rounding for bf16 checkpoints, and it keeps the sm_80+ paths unchanged.
+    """
+    return torch.float32 if dtype == torch.float16 else dtype
+
+
 class Norm:
     """Qwen's (1 + w) RMSNorm; the weight is stored as w, the kernel adds 1."""
 
@@ -164,11 +176,15 @@ class SparseMoE:
         return self._merged
 
     def __call__(self, x):
+        """x: [T, H] in the model dtype -> [T, H] fp32: the routed sum (fused_moe's fp32 accumulators)
+        plus the gated shared expert, added in fp32 and handed to the residual add unrounded, since
+        in an fp16 model this sum is where activations outgrow 65,504."""
         logits = F.linear(x, self._router_and_gate())
         weights, ids = ops.moe_route(logits[:, : self.num_experts], self.top_k, self.renormalize)
         out = ops.fused_moe(x, self.w13, self.w2, weights, ids)
         if self.shared_expert is not None:
-            out = torch.addcmul(out, torch.sigmoid(logits[:, self.num_experts:]), self.shared_expert(x))
+            gate = torch.sigmoid(logits[:, self.num_experts:].float())
+            out = torch.addcmul(out, gate, self.shared_expert(x).float())
         return out
 
 
@@ -190,8 +206,10 @@ class DecoderLayer:
         self.mlp.register(slots, f"{prefix}.mlp")
 
     def __call__(self, h, residual, positions, batch, cache):
+        """h: the previous layer's output (model dtype, or fp32 from a MoE block); residual: the stream
+        in :func:`residual_dtype`, None at the first layer (h is then the embedding)."""
         if residual is None:
-            residual, x = h, self.input_layernorm(h)
+            residual, x = h.to(residual_dtype(h.dtype)), self.input_layernorm(h)
         else:
             x, residual = self.input_layernorm(h, residual)
         x = self.mixer(x, positions, batch, cache)

@@ -62,8 +62,9 @@ class PagedRunner:
         self.tables: dict[int, list[int]] = {}
         self.lens: dict[int, int] = {}
 
-    def step(self, chunks: dict[int, list[int]]) -> torch.Tensor:
-        """chunks: slot -> new token ids. Returns the logits of each chunk's last token, [B, V]."""
+    def step(self, chunks: dict[int, list[int]], all_rows: bool = False) -> torch.Tensor:
+        """chunks: slot -> new token ids. Returns the logits of each chunk's last token, [B, V] (of
+        every new token, [sum of chunk lengths, V], with all_rows)."""
         qlens, slens, tables, slots, ids = [], [], [], [], []
         for slot, toks in chunks.items():
             cached = self.lens.get(slot, 0)
@@ -77,5 +78,7 @@ class PagedRunner:
         batch = BatchMetadata.build(qlens, slens, tables, self.block_size, slots, device=device)
         positions = BatchMetadata.positions(qlens, slens, device=device)
         hidden = self.model(torch.tensor(ids, device=device), positions, batch, self.caches)
+        if all_rows:
+            return self.model.compute_logits(hidden)
         last = torch.tensor(qlens, device=device).cumsum(0) - 1
         return self.model.compute_logits(hidden[last])

@@ -154,7 +154,7 @@ def _counters(weight, needed: int, size: int, device):
 
 def moe_decode(x, w13, w2, tw, ids, up: GemvConfig, down: GemvConfig, sms: int, max_rows: int, pdl: int = 0):
     """Routed W4A16 experts for T * top_k <= max_rows rows (x [T, H] fp16/bf16, contiguous ids int32
-    and tw fp32 [T, top_k]): the two kernels above. Returns [T, H] in x.dtype. pdl (sm_90 on; off in
+    and tw fp32 [T, top_k]): the two kernels above. Returns [T, H] fp32 (fused_moe's contract). pdl (sm_90 on; off in
     the interpreter): 1 launches the down kernel as a programmatic dependent of the up kernel, 2 the up
     kernel also of whatever precedes it."""
     pdl = 0 if INTERPRET else pdl
@@ -168,7 +168,7 @@ def moe_decode(x, w13, w2, tw, ids, up: GemvConfig, down: GemvConfig, sms: int, 
     if f16x2 and (x.stride(0) % 4 or x.data_ptr() % 8):
         x = torch.empty((t, hid), dtype=x.dtype, device=dev).copy_(x)
     h = torch.empty((tk, inter), dtype=x.dtype, device=dev)
-    out = torch.empty((t, hid), dtype=x.dtype, device=dev)
+    out = torch.empty((t, hid), dtype=torch.float32, device=dev)
 
     r, sr = gemv_tile(up, hid, w13.group_size)
     n_tiles = triton.cdiv(inter, up.BN)
@@ -205,8 +205,8 @@ def decode_aot_configs(cc: int, up: GemvConfig, down: GemvConfig, pdl: int = 0) 
     each activation dtype the architecture has (no bf16 before sm_80)."""
     out = []
     for dt in ("fp16",) + (("bf16",) if cc >= 80 else ()):
-        ty = {p: f"*{dt}" for p in ("x_ptr", "h_ptr", "y_ptr", "s_ptr", "z_ptr")}
-        ty.update(w_ptr="*i32", id_ptr="*i32", count_ptr="*i32", tw_ptr="*fp32", part_ptr="*fp32")
+        ty = {p: f"*{dt}" for p in ("x_ptr", "h_ptr", "s_ptr", "z_ptr")}
+        ty.update(y_ptr="*fp32", w_ptr="*i32", id_ptr="*i32", count_ptr="*i32", tw_ptr="*fp32", part_ptr="*fp32")
         for kernel, args, c, k in (("moe_up_decode_kernel", _UP_ARGS, up, 2048),
                                    ("moe_down_decode_kernel", _DOWN_ARGS, down, 512)):
             r, sr = gemv_tile(c, k, 128)

@@ -17,6 +17,9 @@ Two paths, picked by the number of (token, expert) rows T * top_k against the ta
   device, no host sync), then ``_moe_gemm_kernel`` runs the grouped ``tl.dot`` for gate_up (+ SiLU)
   and for down (+ routing weight), and ``_combine_kernel`` sums each token's top_k rows in order.
 
+The output is fp32 on every path (the twin's contract): the weighted sum goes to the residual add
+unrounded, since in an fp16 model it can pass 65,504.
+
 The weight math is shared with :mod:`catengine.kernels.w4a16.gemm` (``fma_tile``, ``dequant_tile``).
 """
 from __future__ import annotations
@@ -307,7 +310,8 @@ def fused_moe(x, w13, w2, topk_weights, topk_ids):
         e, inter = w13.qweight.shape[0], w13.out_features // 2
     else:
         e, inter = w13.shape[0], w13.shape[1] // 2
-    out = torch.empty_like(x)
+    # fp32 out: the twin's contract (the weighted sum, unrounded, goes to the residual add)
+    out = torch.empty((t, hid), dtype=torch.float32, device=x.device)
     if t == 0:
         return out
     x = x if x.stride(-1) == 1 else x.contiguous()
@@ -348,7 +352,9 @@ def fused_moe(x, w13, w2, topk_weights, topk_ids):
         x, w13_q, w13_s, w13_z, sorted_ids, block_expert, n_post, tw, h, t * top_k, inter, hid,
         x.stride(0), NIB2, A_DIV=top_k, G=g13, BM=c.BM, BN=c.BN, BK=bk13, QUANT=quant, UP=True,
         INTERPRET=INTERPRET, num_warps=c.num_warps, num_stages=c.num_stages)
-    y = torch.empty((t * top_k, hid), dtype=x.dtype, device=x.device)
+    # each row's weighted expert output: fp32 for fp16 activations (one expert's output alone can pass
+    # 65,504), the activation dtype for bf16 (its range is fp32's; half the bytes of this scratch)
+    y = torch.empty((t * top_k, hid), dtype=torch.float32 if x.dtype == torch.float16 else x.dtype, device=x.device)
     bk2 = block_k(c.BK, g2, inter) if quant else c.BK
     _moe_gemm_kernel[(grid_b, triton.cdiv(hid, c.BN))](
         h, w2_q, w2_s, w2_z, sorted_ids, block_expert, n_post, tw, y, t * top_k, hid, inter,
@@ -387,7 +393,9 @@ def aot_configs(cc: int) -> list[AotConfig]:
         for quant in (True, False):
             ty = {p: f"*{dt}" for p in ("x_ptr", "h_ptr", "a_ptr", "y_ptr", "out_ptr", "s_ptr", "z_ptr")}
             ty.update({p: "*i32" for p in ("id_ptr", "sorted_ptr", "bexp_ptr", "npost_ptr")})
-            ty.update(w_ptr="*i32" if quant else f"*{dt}", tw_ptr="*fp32", part_ptr="*fp32", H="i32", I="i32",
+            # y_ptr: the row down kernel's output, fp32 (fused_moe returns the unrounded sum)
+            ty.update(w_ptr="*i32" if quant else f"*{dt}", tw_ptr="*fp32", part_ptr="*fp32", y_ptr="*fp32",
+                      H="i32", I="i32",
                       T="i32", TK="i32", N="i32", K="i32")
             tag = f"{dt} {'w4' if quant else 'dense'}"
             c = table.up_row
@@ -397,12 +405,15 @@ def aot_configs(cc: int) -> list[AotConfig]:
             out += [_cfg("_moe_down_row_kernel", ty, dict(TOPK=8, KP=8, G=128, BN=c.BN, BK=c.BK, SPLIT_K=split,
                                                           QUANT=quant, STAGES=c.num_stages), c.num_warps, c.num_stages,
                          f"down_row {tag} split{split}") for split in (1, 4)]
-            out += [_cfg("_moe_gemm_kernel", ty, dict(A_DIV=8 if up else 1, G=128, BM=c.BM, BN=c.BN, BK=c.BK,
-                                                      QUANT=quant, UP=up, INTERPRET=False), c.num_warps,
+            # the down pass's out_ptr is the weighted rows y: fp32 for fp16 (see fused_moe)
+            ty_down = {**ty, "out_ptr": "*fp32" if dt == "fp16" else f"*{dt}"}
+            out += [_cfg("_moe_gemm_kernel", ty if up else ty_down, dict(A_DIV=8 if up else 1, G=128, BM=c.BM,
+                                                                         BN=c.BN, BK=c.BK, QUANT=quant, UP=up,
+                                                                         INTERPRET=False), c.num_warps,
                          c.num_stages, f"gemm rows<={max_rows} {tag} {'up' if up else 'down'}")
                     for max_rows, c in table.gemm for up in (True, False)]
         ty = {"logit_ptr": f"*{dt}", "w_ptr": "*fp32", "id_ptr": "*i32", "T": "i32", "E": "i32", "H": "i32",
-              "y_ptr": f"*{dt}", "out_ptr": f"*{dt}"}
+              "y_ptr": "*fp32" if dt == "fp16" else f"*{dt}", "out_ptr": "*fp32"}
         out.append(_cfg("_combine_kernel", ty, dict(TOPK=8, BLOCK=REDUCE_BLOCK), 4, 1, f"combine {dt}"))
     if table.decode is not None:
         out += decode_aot_configs(cc, *table.decode, table.decode_pdl)

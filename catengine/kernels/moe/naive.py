@@ -35,7 +35,8 @@ def fused_moe(x, w13, w2, topk_weights, topk_ids):
     """Routed experts: sum_j topk_weights[t, j] * down(silu(gate x) * up x) of expert topk_ids[t, j].
 
     x: [T, H]; w13: dense [E, 2I, H] (gate rows first) or QuantizedWeight [E, H//8, 2I];
-    w2: dense [E, H, I] or QuantizedWeight [E, I//8, H]. Returns [T, H] in x.dtype.
+    w2: dense [E, H, I] or QuantizedWeight [E, I//8, H]. Returns [T, H] fp32: the weighted sum is
+    never rounded to x.dtype (in fp16 it can outgrow 65,504; the model adds it to an fp32 residual).
     """
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     ids = topk_ids.long()
@@ -45,4 +46,4 @@ def fused_moe(x, w13, w2, topk_weights, topk_ids):
         h = silu_mul(h)
         y = h @ _expert_matrix(w2, e, torch.float32)
         out.index_add_(0, tok, y * topk_weights[tok, slot, None].float())
-    return out.to(x.dtype)
+    return out

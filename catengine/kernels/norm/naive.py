@@ -16,13 +16,15 @@ def rms_norm(x, weight, eps: float, residual=None):
     """Qwen's (1 + w) RMSNorm over the last dim.
 
     x: [T, H]; weight: [H] (stored as w, the kernel adds 1); residual: optional [T, H].
-    Without residual returns ``y``. With residual it first forms ``s = x + residual`` (in x.dtype,
-    as the model's residual stream is kept) and returns ``(rmsnorm(s), s)``.
+    Without residual returns ``y``. With residual it first forms ``s = x + residual`` in fp32, rounded
+    to residual.dtype (the residual stream's dtype: fp32 for fp16 models, whose 65,504 range the
+    stream outgrows), and returns ``(rmsnorm(s), s)``. x may be fp32 while weight is fp16 (the MoE
+    output, handed over unrounded). ``y`` has weight.dtype (the model dtype).
     """
-    s = x if residual is None else x + residual
+    s = x if residual is None else (x.float() + residual.float()).to(residual.dtype)
     xf = s.float()
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + weight.float())
-    y = y.to(x.dtype)
+    y = y.to(weight.dtype)
     return y if residual is None else (y, s)
 
 

@@ -58,7 +58,8 @@ def _rms_norm_kernel(x, residual, weight, y, s_out, T, H, eps, stride_x, stride_
     if HAS_RES:
         # [BLOCK_R, BLOCK_H]
         b_r = tl.load(residual + o_t[:, None] * stride_r + o_h[None, :], mask=m, other=0.0)
-        b_x = (b_x.to(tl.float32) + b_r.to(tl.float32)).to(b_x.dtype)
+        # the sum in the residual stream's dtype (fp32 for fp16 models: their stream outgrows 65,504)
+        b_x = (b_x.to(tl.float32) + b_r.to(tl.float32)).to(s_out.dtype.element_ty)
         tl.store(s_out + o_t[:, None] * stride_s + o_h[None, :], b_x, mask=m)
     b_xf = b_x.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(b_xf * b_xf, 1) / H + eps)
@@ -83,8 +84,9 @@ def rms_norm_with(x, weight, eps: float, residual=None, cfg: RowLaunch | None = 
     t, h = x.shape
     if h > MAX_HIDDEN:
         raise ConfigError(f"rms_norm: hidden size {h} exceeds the single-pass limit {MAX_HIDDEN}")
-    y = torch.empty((t, h), dtype=x.dtype, device=x.device)
-    s = torch.empty_like(y) if residual is not None else y
+    # y in the model dtype (the weight's): x may be the fp32 MoE output; s in the residual stream's dtype
+    y = torch.empty((t, h), dtype=weight.dtype, device=x.device)
+    s = torch.empty((t, h), dtype=residual.dtype, device=x.device) if residual is not None else y
     r = residual if residual is not None else x
     if t:
         cfg = cfg or _launch(x.device, "rms_norm")
@@ -249,14 +251,19 @@ def aot_configs(cc: int) -> list[AotConfig]:
     tab = TABLE[arch]
     a = "fp16" if arch == 70 else "bf16"
     out = []
+    # with the residual add: x is a mixer's output (model dtype) or the MoE block's unrounded fp32
+    # output; the residual stream is fp32 for fp16 models (catengine.models.layers.residual_dtype)
+    r = "fp32" if a == "fp16" else a
+    variants = [(False, a, a)] + [(True, xd, r) for xd in (a, "fp32")]
     for block_h in (2048, 4096, 8192):
-        for res in (False, True):
-            sig = {"x": f"*{a}", "residual": f"*{a}", "weight": f"*{a}", "y": f"*{a}", "s_out": f"*{a}",
+        for res, xd, rd in variants:
+            sig = {"x": f"*{xd}", "residual": f"*{rd}", "weight": f"*{a}", "y": f"*{a}", "s_out": f"*{rd}",
                    "T": "i32", "H": "i32", "eps": "fp32", "stride_x": "i32", "stride_r": "i32", "stride_y": "i32",
                    "stride_s": "i32", "BLOCK_R": "constexpr", "BLOCK_H": "constexpr", "HAS_RES": "constexpr"}
             c = tab["rms_norm"]
+            name = f"rms_norm {block_h} res {res}" + (f" x {xd} stream {rd}" if res else "")
             out.append(AotConfig("_rms_norm_kernel", sig, dict(BLOCK_R=c.block_r, BLOCK_H=block_h, HAS_RES=res),
-                                 c.num_warps, 1, f"rms_norm {block_h} res {res}"))
+                                 c.num_warps, 1, name))
     g = tab["gated"]
     sig = {"x": f"*{a}", "z": f"*{a}", "weight": f"*{a}", "y": f"*{a}", "R": "i32", "HV": "i32", "DV": "i32",
            "eps": "fp32", "stride_xt": "i32", "stride_xh": "i32", "stride_zt": "i32", "stride_zh": "i32",

@@ -9,11 +9,11 @@ I 512, H 2048), the decode path replayed from a CUDA graph, with programmatic de
 
 Tolerance on ||y - ref|| / ||ref||: the twin keeps the intermediate silu(gate) * up in fp32, the
 kernels store it in the activation dtype (it feeds a tensor-core product), and the sorted path also
-stores each expert's weighted output in that dtype before the top-k sum. Each adds one rounding of
-the activation dtype on top of the output's: 2e-3 for fp16, 1.5e-2 for bf16 (8 significant bits,
-three roundings of ~2e-3 rms each plus the dequantised weights' one). The fp16 decode path on CUDA
-also rounds the dense GEMV's half2 products (test_w4a16.py): 6.6e-4 to 6.9e-4 measured at the real
-shape, inside the same bound.
+stores each expert's weighted output in bf16 before the top-k sum (in fp32 for fp16). Each adds one
+rounding of the activation dtype (the output is fp32 in both, never rounded to it): 2e-3 for fp16,
+1.5e-2 for bf16 (8 significant bits, three roundings of ~2e-3 rms each plus the dequantised weights'
+one). The fp16 decode path on CUDA also rounds the dense GEMV's half2 products (test_w4a16.py):
+6.6e-4 to 6.9e-4 measured at the real shape, inside the same bound.
 """
 import dataclasses
 
@@ -165,6 +165,28 @@ def test_sorted(t, e, k, quant, group, dtype):
     hid = 128 if group == 128 else 96
     check(t, e, k, hid, 128 if group == 128 else (96 if quant else 80), dtype, quant, group,
           used=e - 1 if e == 6 else None)
+
+
+@pytest.mark.parametrize("t,quant", [(4, False), (4, True), (20, False), (20, True)],
+                         ids=["rows", "decode", "sorted-dense", "sorted-w4"])
+def test_fp16_sum_past_65504(monkeypatch, t, quant):
+    """fp16 activations whose expert outputs and weighted sum pass 65,504 (the V100 case: no bf16):
+    every path returns the fp32 sum, finite and equal to the twin's, never rounded to fp16 (x 30, the
+    down weights x 120: silu(gate) * up stays in the thousands, the sums reach 70-240K)."""
+    e, k, hid, inter = 6, 2, 64, 64
+    decode_table(monkeypatch)
+    if quant:
+        w13 = make_experts(e, hid, 2 * inter, 32, torch.float16)
+        w2 = make_experts(e, inter, hid, 32, torch.float16, seed=1)
+        w2 = QuantizedWeight(w2.qweight, w2.scales * 120, w2.zeros, w2.group_size)
+    else:
+        w13 = make_dense(e, 2 * inter, hid, torch.float16)
+        w2 = (make_dense(e, hid, inter, torch.float32, seed=1) * 120).half()
+    x = (torch.randn(t, hid, generator=torch.Generator().manual_seed(2)) * 30).half()
+    tw, ids = routing(t, e, k, seed=3)
+    ref = reference.fused_moe(x, w13, w2, tw, ids)
+    assert ref.dtype == torch.float32 and ref.abs().max() > 65504
+    assert rel_err(moe.fused_moe(x, w13, w2, tw, ids), ref) < TOL[torch.float16]
 
 
 def test_align_tokens():

@@ -51,6 +51,38 @@ def test_rms_norm(dtype, t, h, with_residual):
         _close(got, want, dtype, "rms_norm")
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("x_fp32", [False, True], ids=["x-model", "x-fp32"])
+@pytest.mark.parametrize("t,h", [(3, 40), (2, 1000)])
+def test_rms_norm_fp32_stream(dtype, x_fp32, t, h):
+    """The fp32 residual stream of fp16 models (catengine.models.layers.residual_dtype), x in the model
+    dtype (a mixer's output) or fp32 (the MoE block's unrounded sum), values and sums past fp16's
+    65,504: s stays fp32 (bit-exact: one fp32 add in both), y has the weight's dtype and is finite."""
+    gen = torch.Generator().manual_seed(t * h + x_fp32)
+    x = _rand(t, h, dtype=torch.float32 if x_fp32 else dtype, gen=gen, scale=3e4 if x_fp32 else 3.0)
+    r = _rand(t, h, dtype=torch.float32, gen=gen, scale=5e4)
+    w = _rand(h, dtype=dtype, gen=gen, scale=0.1)
+    assert (x.float() + r).abs().max() > 65504    # the stream an fp16 sum could not hold
+    want = ref.rms_norm(x, w, 1e-6, r)
+    got = tri.rms_norm(x.to(DEV), w.to(DEV), 1e-6, r.to(DEV))
+    assert got[0].dtype == want[0].dtype == dtype and got[1].dtype == want[1].dtype == torch.float32
+    _close(got[0], want[0], dtype, "rms_norm y")
+    assert torch.equal(got[1].cpu(), want[1]), "the fp32 residual sum must be bit-exact (one fp32 add)"
+
+
+def test_rms_norm_fp32_x_model_stream():
+    """bf16 models keep a bf16 stream while x may be the MoE block's fp32 output: s is rounded once, to
+    bf16, from the fp32 sum (under the interpreter by truncation, hence _close there)."""
+    gen = torch.Generator().manual_seed(11)
+    x, r = _rand(4, 256, dtype=torch.float32, gen=gen, scale=3.0), _rand(4, 256, dtype=torch.bfloat16, gen=gen)
+    w = _rand(256, dtype=torch.bfloat16, gen=gen, scale=0.1)
+    want = ref.rms_norm(x, w, 1e-6, r)
+    got = tri.rms_norm(x.to(DEV), w.to(DEV), 1e-6, r.to(DEV))
+    assert got[0].dtype == got[1].dtype == torch.bfloat16
+    _close(got[0], want[0], torch.bfloat16, "rms_norm y")
+    _close(got[1], want[1], torch.bfloat16, "rms_norm residual sum")
+
+
 @pytest.mark.parametrize("cfg", [tri.RowLaunch(4, 2), tri.RowLaunch(2, 4)], ids=str)
 @pytest.mark.parametrize("with_residual", [False, True])
 def test_rms_norm_rows_per_program(cfg, with_residual):
