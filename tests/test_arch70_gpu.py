@@ -1,7 +1,13 @@
 """The whole engine on the sm_70 choices (``CATENGINE_ARCH=70``) on whatever GPU runs the tests: greedy tokens equal
 to the GPU's own path on random AWQ dense and MoE models, and teacher-forced top-1 agreement with float32
 transformers. The switch is read once, at import, so each path runs in its own subprocess (this file, run as a
-script, is that subprocess)."""
+script, is that subprocess).
+
+The models are the bench's mid-size correctness models (hidden 1024, 8 layers, the MoE 64 experts top-8) with a
+512-token vocabulary. Not the tiny-* presets: random weights give nearly flat logits, and on the H200 (2026-12-02,
+default path, 200 tokens) the tiny MoE agreed with float32 transformers on only 0.985 of the positions (transformers'
+own fp16 0.995): near-ties, not kernel errors. The mid-size pair agreed on 0.998 (dense and MoE, 512 tokens), so
+the 0.99 bar there measures the kernels."""
 from __future__ import annotations
 
 import json
@@ -18,10 +24,12 @@ pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("dense", "moe")
-PROMPTS = [[(11 * i + 5 * j) % 500 + 1 for j in range(3 + 13 * i)] for i in range(4)]   # 3 to 42 tokens
-MAX_TOKENS = 12
+VOCAB = 512
+# few greedy decisions: each is an argmax of fp16 logits, and a near-tie may flip between two correct kernels
+PROMPTS = [[(11 * i + 5 * j) % 500 + 1 for j in range(5 + 30 * i)] for i in range(3)]   # 5, 35, 65 tokens
+MAX_TOKENS = 8
 # teacher-forced: half the ids as one prefill chunk (the prefill kernels), the rest one decode step each
-FORCED_TOKENS = 200
+FORCED_TOKENS = 512
 TARGET_TOP1 = 0.99   # issue 18 (the same bar as the bench's correctness report, catengine.tools.correctness)
 
 
@@ -37,14 +45,14 @@ def _worker(workdir: Path) -> None:
     tag = os.environ.get("CATENGINE_ARCH") or "default"
     report = {"arch": arch.arch_of(dev), "device_key": list(arch.device_key(dev)), "tokens": {}}
     for kind in KINDS:
-        engine = Engine(model=str(workdir / f"{kind}-awq"), device="cuda", max_model_len=512, max_num_seqs=4,
-                        kv_cache_memory_bytes=64 << 20)
+        engine = Engine(model=str(workdir / f"{kind}-awq"), device="cuda", max_model_len=256, max_num_seqs=4,
+                        kv_cache_memory_bytes=128 << 20)
         outs = engine.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True))
         report["tokens"][kind] = [list(o.token_ids) for o in outs]
         engine.check_integrity()
         del engine
         torch.cuda.empty_cache()
-        ids = random_prompts(random.Random(2), 1, FORCED_TOKENS, 512)[0]
+        ids = random_prompts(random.Random(2), 1, FORCED_TOKENS, VOCAB)[0]
         torch.save(catengine_logits(workdir / f"{kind}-fp16", ids, dev), workdir / f"logits-{kind}-{tag}.pt")
     (workdir / f"report-{tag}.json").write_text(json.dumps(report))
 
@@ -62,12 +70,13 @@ def _run_path(workdir: Path, arch: str | None) -> dict:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    from catengine.tools.bench_common import BENCH_PRESETS
+    from catengine.tools.bench import Sizes
+    from catengine.tools.correctness import correctness_specs
     from catengine.tools.random_checkpoint import write_random_checkpoint
     workdir = tmp_path_factory.mktemp("arch70")
-    for kind in KINDS:
-        spec, group = BENCH_PRESETS[f"tiny-{kind}"]
-        write_random_checkpoint(workdir / f"{kind}-awq", spec, quant="awq", group_size=group, device="cuda",
+    for kind, spec in correctness_specs(Sizes(), quick=False).items():
+        spec = dict(spec, vocab_size=VOCAB)
+        write_random_checkpoint(workdir / f"{kind}-awq", spec, quant="awq", group_size=128, device="cuda",
                                 progress=False)
         write_random_checkpoint(workdir / f"{kind}-fp16", spec, quant=None, device="cuda", progress=False)
     return workdir, {"70": _run_path(workdir, "70"), "default": _run_path(workdir, None)}
@@ -93,7 +102,7 @@ def test_teacher_forced_top1_vs_float32_transformers(runs, kind):
     from catengine.tools.bench_common import random_prompts
     from catengine.tools.correctness import _hf_class, compare_logits
     workdir, _ = runs
-    ids = random_prompts(random.Random(2), 1, FORCED_TOKENS, 512)[0]
+    ids = random_prompts(random.Random(2), 1, FORCED_TOKENS, VOCAB)[0]
     hf = _hf_class(kind == "moe").from_pretrained(workdir / f"{kind}-fp16", dtype=torch.float32).to("cuda").eval()
     with torch.no_grad():
         ref = hf(torch.tensor([ids], device="cuda")).logits[0].float().cpu()
