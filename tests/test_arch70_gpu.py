@@ -113,5 +113,26 @@ def test_teacher_forced_top1_vs_float32_transformers(runs, kind):
     assert got["top1_agreement"] >= TARGET_TOP1, (got, default)
 
 
+@pytest.mark.parametrize("case", [([300, 1, 77, 5, 128], 2, 2, 32, 32), ([1, 63, 200], 2, 2, 128, 128)],
+                         ids=["dk32_ragged", "dk128_ragged"])
+def test_gdn_chunk_on_the_sm70_row(case):
+    """The chunked GDN prefill with the sm_70 row (its scan form, BV 32, 4 warps) against the twin, in fp16: the
+    engine tests above run it in every linear-attention layer (dk = 128), and bench/NOTES.md reports the scan's
+    BV 32 / 4-warp build wrong on the H200 at dk = 128 (relative difference 1.9-2.2; no sm_80/90 row uses it): if
+    the engine tests fail, this one says whether that is why."""
+    from .kernels.gdn.test_gated_delta_rule import TOL, _case, _rel, _run
+    from catengine.kernels.gdn import naive as ref
+    from catengine.kernels.gdn import table as gdn_table
+    lens, hk, r, dk, dv = case
+    q, k, v, g, beta, ssm, qsl, slots, has = _case(lens, hk, r, dk, dv, torch.float16, torch.Generator().manual_seed(5),
+                                                   has_p=0.5)
+    ssm_ref = ssm.clone()
+    o_ref = ref.chunk_gated_delta_rule(q, k, v, g, beta, ssm_ref, qsl, slots, has, dk ** -0.5)
+    o, ssm_d = _run(gdn_table.TABLE[70], q, k, v, g, beta, ssm, qsl, slots, has, dk ** -0.5)
+    written = [int(s) for s, n in zip(slots, lens) if n > 0]
+    assert _rel(o, o_ref) < TOL[torch.float16]
+    assert _rel(ssm_d[written], ssm_ref[written]) < TOL[torch.float16]
+
+
 if __name__ == "__main__":
     _worker(Path(sys.argv[1]))
