@@ -28,6 +28,11 @@ VOCAB = 512
 # few greedy decisions: each is an argmax of fp16 logits, and a near-tie may flip between two correct kernels
 PROMPTS = [[(11 * i + 5 * j) % 500 + 1 for j in range(5 + 30 * i)] for i in range(3)]   # 5, 35, 65 tokens
 MAX_TOKENS = 8
+# Two correct paths may still pick different greedy tokens where the top two are nearly tied. On the H200 the
+# two paths' teacher-forced logprobs of the same token differed by at most 0.006 (dense AWQ) and 0.030 (MoE AWQ)
+# over 512 positions (2026-12-02), so a flip needs a top-2 gap below 2 x 0.03: a divergence is accepted only
+# there, between the default path's two best tokens, and in at most one prompt per model.
+NEAR_TIE = 0.06
 # teacher-forced: half the ids as one prefill chunk (the prefill kernels), the rest one decode step each
 FORCED_TOKENS = 512
 TARGET_TOP1 = 0.99   # issue 18 (the same bar as the bench's correctness report, catengine.tools.correctness)
@@ -43,12 +48,15 @@ def _worker(workdir: Path) -> None:
 
     dev = torch.device("cuda")
     tag = os.environ.get("CATENGINE_ARCH") or "default"
-    report = {"arch": arch.arch_of(dev), "device_key": list(arch.device_key(dev)), "tokens": {}}
+    report = {"arch": arch.arch_of(dev), "device_key": list(arch.device_key(dev)), "tokens": {},
+              "top2": {}}
     for kind in KINDS:
         engine = Engine(model=str(workdir / f"{kind}-awq"), device="cuda", max_model_len=256, max_num_seqs=4,
                         kv_cache_memory_bytes=128 << 20)
-        outs = engine.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True))
+        outs = engine.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True,
+                                                       logprobs=2))
         report["tokens"][kind] = [list(o.token_ids) for o in outs]
+        report["top2"][kind] = [[[list(t) for t in lp.top] for lp in o.logprobs] for o in outs]
         engine.check_integrity()
         del engine
         torch.cuda.empty_cache()
@@ -94,7 +102,17 @@ def test_greedy_tokens_equal_the_default_path(runs, kind):
     _, reports = runs
     got, want = reports["70"]["tokens"][kind], reports["default"]["tokens"][kind]
     assert [len(t) for t in got] == [MAX_TOKENS] * len(PROMPTS)
-    assert got == want
+    flips = []
+    for i, (g, w) in enumerate(zip(got, want)):
+        if g == w:
+            continue
+        j = next(j for j, (a, b) in enumerate(zip(g, w)) if a != b)
+        (best, lp_best), (second, lp_second) = reports["default"]["top2"][kind][i][j]
+        assert {g[j], w[j]} == {best, second} and lp_best - lp_second < NEAR_TIE, (
+            f"prompt {i} token {j}: CATENGINE_ARCH=70 chose {g[j]}, the default path {w[j]} with top two "
+            f"{best} ({lp_best:.4f}) and {second} ({lp_second:.4f}): not a near-tie")
+        flips.append(i)
+    assert len(flips) <= 1, f"greedy tokens diverge in prompts {flips}: {got} vs {want}"
 
 
 @pytest.mark.parametrize("kind", KINDS)
