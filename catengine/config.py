@@ -17,6 +17,7 @@ import torch
 
 from .errors import ConfigError
 from .kernels.attention import DEFAULT_BLOCK_SIZE
+from .kernels.common.arch import bf16_supported, device_cc, forced_arch
 from .models.kv_cache_dtype import KV_CACHE_DTYPES
 
 DTYPES = {"float16": torch.float16, "half": torch.float16, "fp16": torch.float16,
@@ -147,9 +148,14 @@ def make_current(device: torch.device) -> None:
 
 
 def check_dtype_supported(dtype: torch.dtype, device: torch.device) -> None:
-    if device.type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
-        cap = torch.cuda.get_device_capability(device)
-        raise ConfigError(f"bfloat16 needs an sm_80+ GPU; this one is sm_{cap[0]}{cap[1]}: use dtype='float16'")
+    # by the launch-table row, not torch.cuda.is_bf16_supported(): that one also says yes on a V100 (torch
+    # emulates bf16 tensors there), and the row follows CATENGINE_ARCH=70 as a V100 would. forced_arch() first:
+    # a bad CATENGINE_ARCH is a ConfigError at engine start, whatever the dtype
+    forced = forced_arch()
+    if dtype == torch.bfloat16 and not bf16_supported(device):
+        where = (f"CATENGINE_ARCH={forced} makes every device sm_{forced}" if forced is not None
+                 else f"this GPU is sm_{device_cc(device)}")
+        raise ConfigError(f"bfloat16 needs an sm_80+ GPU; {where}: use dtype='float16'")
 
 
 def _canonical_dtype(name: str) -> str:

@@ -1,6 +1,6 @@
-"""`catengine serve | generate | quantize | bench`: each subcommand lives in its own module of this package (its
+"""`catengine serve | generate | quantize | bench | doctor`: each subcommand lives in its own module of this package (its
 flags and its ``run``); what a subcommand does beyond parsing lives in the runtime (serve, generate) or in
-:mod:`catengine.tools` (quantize, bench)."""
+:mod:`catengine.tools` (quantize, bench, doctor)."""
 from __future__ import annotations
 
 import argparse
@@ -13,6 +13,7 @@ SUBCOMMANDS = {
     "generate": ("catengine.cli.generate", "generate once from a prompt and print the text"),
     "quantize": ("catengine.cli.quantize", "write a round-to-nearest 4-bit AWQ or compressed-tensors checkpoint"),
     "bench": ("catengine.cli.bench", "end-to-end benchmark on random-weight checkpoints (GPU)"),
+    "doctor": ("catengine.cli.doctor", "check GPUs, torch, Triton and the kernel path of each op; print fixes"),
 }
 
 

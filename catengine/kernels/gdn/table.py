@@ -55,9 +55,15 @@ class GDNTable:
 TABLE = {
     # sm_70: tl.dot is FMA (Triton >= 3.3), no tf32, no cp.async: small tiles, one stage, fp16 only.
     # Unmeasured (no V100 here), so it keeps the scan it had; the split's row fits the 96 KB (test_aot),
-    # but a 1-stage serial kernel hit an illegal address on the H200, so nothing vouches for it.
+    # but a 1-stage serial kernel hit an illegal address on the H200, so nothing vouches for it. The scan
+    # takes the sm_90 row's BV 64 / 8 warps / 2 stages (32 KB of shared memory for sm_70, as before): its
+    # BV 32 / 4 warps / 1 stage build was wrong on the H200 (bench/NOTES.md; again 2026-12-02: 0.85 relative
+    # error at dk = dv = 128 fp16, where this launch gives 5.6e-4, test_arch70_gpu) and, under CATENGINE_ARCH=70
+    # (2026-12-02, Triton 3.6), hit an illegal address in the first prefill, so the sm_70 path could not run
+    # there at all; with this one the mid-size dense / MoE models agree with float32 transformers on 0.998 /
+    # 1.0 of 512 teacher-forced tokens (tests/test_arch70_gpu.py). Its speed on a V100 is unknown either way.
     70: GDNTable(wy_warps=4, wy_dot="ieee", h_bv=32, h_warps=4, h_stages=1, o_bv=32, o_warps=4, o_stages=1,
-                 scan_bv=32, scan_warps=4, scan_stages=1, rec_bv=32, rec_warps=4, prefill="scan",
+                 scan_bv=64, scan_warps=8, scan_stages=2, rec_bv=32, rec_warps=4, prefill="scan",
                  overlap_max_programs=4096, scan_overlap_max_programs=80),
     # sm_90, H200, 2026-12-01 (bench_gdn.py, whole op, ms at 1 x 8K / 1 x 64K / 8 x 4K ragged; sweep rows
     # checked against the table's output). This row with h 2 stages and o 8 warps: split 0.95 / 6.23 / 3.05,
