@@ -19,6 +19,7 @@ AOT_MODULES = (
     "catengine.kernels.gdn.conv1d",
     "catengine.kernels.gdn.chunk",
     "catengine.kernels.gdn.recurrent",
+    "catengine.kernels.common.gemm884",
 )
 
 

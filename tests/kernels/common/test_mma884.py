@@ -1,0 +1,107 @@
+"""The HMMA.884 building block (common/mma884.py) and its proof kernel, the fp16 GEMM of common/gemm884.py.
+
+CPU: every configuration compiles ahead of time for sm_70 with ``mma.sync.aligned.m8n8k4`` in its PTX, within the
+V100's 96 KB of shared memory and without sm_80+ instructions, and for sm_90. GPU (``-m gpu``; the H200 emulates
+m8n8k4, so the shapes are few and small): the Gluon GEMM against its twin ``a.float() @ b.float()``.
+"""
+import pytest
+import torch
+
+from catengine.errors import KernelContractError
+from catengine.kernels.common.aot import SM70_FORBIDDEN_PTX, SM70_SHARED_LIMIT, compile_module
+from catengine.kernels.common.mma884 import tile_check
+
+MODULE = "catengine.kernels.common.gemm884"
+
+
+@pytest.mark.parametrize("cc", [70, 90])
+def test_gemm884_compiles_to_mma884(cc):
+    """Every configuration is a Gluon build whose PTX issues m8n8k4. Triton 3.9's cuobjdump/nvdisasm refuse sm_70
+    cubins ("SM70 is deprecated"), so the PTX is the evidence of HMMA.884 here (SM70.md)."""
+    from catengine.kernels.common.gemm884 import SM70_AOT
+    results = compile_module(MODULE, cc)
+    assert len(results) == len(SM70_AOT)
+    for r in results:
+        assert r["gluon"], r
+        assert r["mma884"], f"{r}: no mma.sync.aligned.m8n8k4 in the PTX"
+        if cc == 70:
+            assert r["shared"] <= SM70_SHARED_LIMIT, r
+            assert r["forbidden"] == [], f"{r} emits {SM70_FORBIDDEN_PTX} instructions sm_70 lacks"
+
+
+def test_aot_flags_plain_triton_kernels_as_no_mma884():
+    """The flag is not always True: a tl.dot kernel built for sm_70 is a Triton (not Gluon) build and issues FMA."""
+    results = compile_module("tests.kernels.common.aot_dot_probe", 70)
+    assert results and all(not r["gluon"] and not r["mma884"] for r in results), results
+
+
+@pytest.mark.parametrize("tile", [(64, 64, 32, 2, 2), (128, 128, 32, 2, 2), (16, 16, 8, 1, 1), (128, 256, 64, 2, 4)])
+def test_tile_check_accepts_whole_quad_pair_squares(tile):
+    tile_check(*tile)
+
+
+@pytest.mark.parametrize("tile", [(48, 64, 32, 1, 1), (16, 64, 32, 2, 1), (64, 64, 12, 1, 1), (64, 16, 32, 2, 2)])
+def test_tile_check_rejects_partial_tiles(tile):
+    with pytest.raises(ValueError):
+        tile_check(*tile)
+
+
+def test_gemm884_contract_errors():
+    from catengine.kernels.common.gemm884 import gemm884
+    a = torch.zeros(4, 8, dtype=torch.float16)
+    with pytest.raises(KernelContractError):
+        gemm884(a, torch.zeros(8, 4, dtype=torch.float32))
+    with pytest.raises(KernelContractError):
+        gemm884(a, torch.zeros(9, 4, dtype=torch.float16))
+    with pytest.raises(KernelContractError):   # CPU tensors: Gluon has no interpreter
+        gemm884(a, torch.zeros(8, 4, dtype=torch.float16))
+
+
+# ----------------------------------------------------------------------------- GPU
+def _check(got: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """fp16 x fp16 products are exact in fp32 and the accumulation is fp32 (error ~ sqrt(K) 2^-24 |a||b|, far below
+    the rest), so what separates the kernel from its twin is the rounding of the output to fp16: at most 2^-11 of
+    each element, about 2^-12 of the output norm on average. Bounds: every element within 2^-10 of max|ref| (twice
+    the largest rounding) and the error norm within 1e-3 of the output norm (4x the expected 2.4e-4). A wrong
+    fragment map or a lost k step gives errors of the order of the output itself."""
+    want = a.float() @ b.float()
+    err = got.float() - want
+    assert torch.isfinite(got).all()
+    assert err.abs().max() <= 2.0 ** -10 * want.abs().max(), (err.abs().max(), want.abs().max())
+    assert err.norm() <= 1e-3 * want.norm(), (err.norm() / want.norm())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg_index", [0, 1, 2])
+@pytest.mark.parametrize("mnk", [(64, 64, 32), (128, 256, 64), (1, 8, 8), (100, 72, 40), (257, 300, 1000)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_gpu_gemm884_matches_twin(cfg_index, mnk):
+    """Whole tiles, and M, N, K tails (not multiples of any tile, K not of the k = 32 step nor of 8)."""
+    from catengine.kernels.common.gemm884 import SM70_AOT, gemm884
+    M, N, K = mnk
+    gen = torch.Generator(device="cuda").manual_seed(M * 7 + N * 3 + K)
+    a = torch.randn(M, K, generator=gen, device="cuda").half()
+    b = torch.randn(K, N, generator=gen, device="cuda").half()
+    got = gemm884(a, b, SM70_AOT[cfg_index])
+    assert got.shape == (M, N) and got.dtype == torch.float16
+    _check(got, a, b)
+
+
+@pytest.mark.gpu
+def test_gpu_gemm884_strided_operands():
+    """Strides are run-time arguments: a transposed B (column-major) and a row-sliced A give the same product."""
+    from catengine.kernels.common.gemm884 import gemm884
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    a = torch.randn(90, 200, generator=gen, device="cuda").half()[:, 8:144]
+    b = torch.randn(80, 136, generator=gen, device="cuda").half().t()
+    _check(gemm884(a, b), a, b)
+
+
+@pytest.mark.gpu
+def test_gpu_gemm884_default_table_real_shape():
+    """A prefill-sized slice of a real projection (27B: K 5120), on the table's own pick."""
+    from catengine.kernels.common.gemm884 import gemm884
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    a = torch.randn(200, 5120, generator=gen, device="cuda").half()
+    b = (torch.randn(5120, 384, generator=gen, device="cuda") * 0.02).half()
+    _check(gemm884(a, b), a, b)
