@@ -20,6 +20,7 @@ AOT_MODULES = (
     "catengine.kernels.gdn.chunk",
     "catengine.kernels.gdn.recurrent",
     "catengine.kernels.common.gemm884",
+    "catengine.kernels.w4a16.gemm_sm70",
 )
 
 

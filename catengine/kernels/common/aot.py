@@ -51,10 +51,31 @@ def compile_config(module, cfg: AotConfig, cc: int) -> dict:
     k = triton.compile(src, target=GPUTarget("cuda", cc, 32),
                        options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
     ptx = k.asm["ptx"]
+    has_mma884 = "mma.sync.aligned.m8n8k4" in ptx
     return {"kernel": cfg.kernel, "name": cfg.name, "cc": cc, "gluon": gluon, "shared": k.metadata.shared,
             "forbidden": [s for s in SM70_FORBIDDEN_PTX if s in ptx] if cc < 80 else [],
-            "mma884": "mma.sync.aligned.m8n8k4" in ptx,
+            "mma884": has_mma884,
+            "sass_hmma884": sass_has_hmma884(k.asm["cubin"]) if cc < 80 and has_mma884 else None,
             "overwritten_wgmma_operands": overwritten_wgmma_operands(k.asm.get("ttgir", ""))}
+
+
+def sass_has_hmma884(cubin: bytes) -> bool | None:
+    """Whether the sm_70 SASS holds HMMA.884; None when no disassembler here takes sm_70 cubins (Triton 3.9's
+    cuobjdump refuses them; Triton 3.6's accepts them: point ``CATENGINE_SM70_CUOBJDUMP`` at one)."""
+    import tempfile
+
+    import triton
+    tool = os.environ.get("CATENGINE_SM70_CUOBJDUMP") or os.path.join(
+        os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not os.path.exists(tool):
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, timeout=120)
+    if out.returncode or "deprecated" in out.stderr or "code for sm_70" not in out.stdout:
+        return None
+    return "HMMA.884" in out.stdout
 
 
 def _is_gluon(fn) -> bool:

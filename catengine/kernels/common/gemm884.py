@@ -17,7 +17,8 @@ from triton.experimental.gluon import language as gl
 from catengine.errors import KernelContractError
 from catengine.kernels.common.aot import AotConfig
 from catengine.kernels.common.mma884 import (a_layout, a_smem_shape, acc_rows_cols, b_layout, b_smem_shape,
-                                             frag_layout, mma884, smem_layout, tile_check)
+                                             frag_layout, mma884, smem_layout, stage_index, stage_layout_a,
+                                             stage_layout_b, tile_check)
 
 
 @dataclass(frozen=True)
@@ -51,55 +52,26 @@ def pick_config(M: int) -> Gemm884Config:
     raise AssertionError("unreachable: the last row has no bound")
 
 
-@gluon.constexpr_function
-def _stage_layout_a(num_warps):
-    """Global -> register layout of A's [(step, mb), 2, 4, 8] staging: 8 consecutive k per lane (16 bytes)."""
-    return gl.BlockedLayout(size_per_thread=[1, 1, 1, 8], threads_per_warp=[4, 2, 4, 1],
-                            warps_per_cta=[num_warps, 1, 1, 1], order=[3, 2, 1, 0])
-
-
-@gluon.constexpr_function
-def _stage_layout_b(num_warps):
-    """Global -> register layout of B's [(step, nb), 2, 4, 8] staging: 8 consecutive columns (h, l) per lane,
-    since B [K, N] is contiguous along N."""
-    return gl.BlockedLayout(size_per_thread=[1, 2, 4, 1], threads_per_warp=[4, 1, 1, 8],
-                            warps_per_cta=[num_warps, 1, 1, 1], order=[2, 1, 3, 0])
-
-
-@gluon.jit
-def _index4(ROWS: gl.constexpr, L: gl.constexpr):
-    """(d, h, l, k) index tensors of a [ROWS, 2, 4, 8] staging tile in layout L."""
-    d = gl.arange(0, ROWS, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, L))))
-    h = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, L))))
-    ll = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, L))))
-    k = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, L))))
-    d = gl.expand_dims(gl.expand_dims(gl.expand_dims(d, 1), 2), 3)      # [ROWS, 1, 1, 1]
-    h = gl.expand_dims(gl.expand_dims(gl.expand_dims(h, 0), 2), 3)      # [1, 2, 1, 1]
-    ll = gl.expand_dims(gl.expand_dims(gl.expand_dims(ll, 0), 1), 3)    # [1, 1, 4, 1]
-    k = gl.expand_dims(gl.expand_dims(gl.expand_dims(k, 0), 1), 2)      # [1, 1, 1, 8]
-    return d, h, ll, k
-
-
 @gluon.jit
 def gemm884_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
                    BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, WM: gl.constexpr, WN: gl.constexpr):
     i_m = gl.program_id(0)
     i_n = gl.program_id(1)
     NW: gl.constexpr = WM * WN
-    LA: gl.constexpr = _stage_layout_a(NW)
-    LB: gl.constexpr = _stage_layout_b(NW)
+    LA: gl.constexpr = stage_layout_a(NW)
+    LB: gl.constexpr = stage_layout_b(NW)
     LF: gl.constexpr = frag_layout(WM, WN)
     MB: gl.constexpr = BM // 8
     NB: gl.constexpr = BN // 8
 
     # A staging [(step, mb), h, l, k]: row 8 mb + 4 h + l, k 8 step + k (the A fragment map of mma884.py)
-    da, ha, la, ka = _index4(BK // 8 * MB, LA)
+    da, ha, la, ka = stage_index(BK // 8 * MB, LA)
     o_am = i_m * BM + 8 * (da % MB) + 4 * ha + la
     o_ak = 8 * (da // MB) + ka
     m_am = o_am < M
     p_a = a_ptr + o_am * stride_am + o_ak * stride_ak
     # B staging [(step, nb), h, l, k]: column 8 nb + 4 h + l, k 8 step + k
-    db, hb, lb, kb = _index4(BK // 8 * NB, LB)
+    db, hb, lb, kb = stage_index(BK // 8 * NB, LB)
     o_bn = i_n * BN + 8 * (db % NB) + 4 * hb + lb
     o_bk = 8 * (db // NB) + kb
     m_bn = o_bn < N

@@ -126,5 +126,36 @@ def acc_rows_cols(BM: gl.constexpr, BN: gl.constexpr, WM: gl.constexpr, WN: gl.c
     return rows, cols
 
 
+# ---------------------------------------------------------------- global -> shared staging
+@gluon.constexpr_function
+def stage_layout_a(num_warps):
+    """Global -> register layout of A's [(step, mb), 2, 4, 8] staging: 8 consecutive k per lane (16 bytes)."""
+    return gl.BlockedLayout(size_per_thread=[1, 1, 1, 8], threads_per_warp=[4, 2, 4, 1],
+                            warps_per_cta=[num_warps, 1, 1, 1], order=[3, 2, 1, 0])
+
+
+@gluon.constexpr_function
+def stage_layout_b(num_warps):
+    """Global -> register layout of B's [(step, nb), 2, 4, 8] staging: 8 consecutive columns (h, l) per lane,
+    since B [K, N] is contiguous along N."""
+    return gl.BlockedLayout(size_per_thread=[1, 2, 4, 1], threads_per_warp=[4, 1, 1, 8],
+                            warps_per_cta=[num_warps, 1, 1, 1], order=[2, 1, 3, 0])
+
+
+@gluon.jit
+def stage_index(ROWS: gl.constexpr, L: gl.constexpr):
+    """(d, h, l, k) index tensors of a [ROWS, 2, 4, 8] staging tile in layout L."""
+    d = gl.arange(0, ROWS, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, L))))
+    h = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, L))))
+    ll = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, L))))
+    k = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, L))))
+    d = gl.expand_dims(gl.expand_dims(gl.expand_dims(d, 1), 2), 3)      # [ROWS, 1, 1, 1]
+    h = gl.expand_dims(gl.expand_dims(gl.expand_dims(h, 0), 2), 3)      # [1, 2, 1, 1]
+    ll = gl.expand_dims(gl.expand_dims(gl.expand_dims(ll, 0), 1), 3)    # [1, 1, 4, 1]
+    k = gl.expand_dims(gl.expand_dims(gl.expand_dims(k, 0), 1), 2)      # [1, 1, 1, 8]
+    return d, h, ll, k
+
+
 __all__ = ["tile_check", "frag_layout", "a_layout", "b_layout", "a_smem_shape", "b_smem_shape", "smem_layout",
-           "mma884", "frag_index", "acc_rows_cols"]
+           "mma884", "frag_index", "acc_rows_cols",
+           "stage_layout_a", "stage_layout_b", "stage_index"]
