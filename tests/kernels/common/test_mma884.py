@@ -107,3 +107,66 @@ def test_gpu_gemm884_default_table_real_shape():
     a = torch.randn(200, 5120, generator=gen, device="cuda").half()
     b = (torch.randn(5120, 384, generator=gen, device="cuda") * 0.02).half()
     _check(gemm884(a, b), a, b)
+
+
+# ----------------------------------------------------------------------------- fragment maps, emulated
+def _lane_coords(BM, BN, WM, WN):
+    """Triton's own linear layout of ``frag_layout``: coordinate [mb, nb, h, l, i] of every (warp, lane, register)."""
+    from triton._C.libtriton import gluon_ir, ir
+
+    from catengine.kernels.common.mma884 import frag_layout
+    ctx = ir.context()
+    ir.load_dialects(ctx)
+    builder = gluon_ir.GluonOpBuilder(ctx)
+    ll = builder.to_linear_layout(frag_layout(WM, WN)._to_ir(builder), [BM // 8, BN // 8, 2, 4, 8])
+
+    def coord(bases, idx):
+        c = [0] * 5
+        for bit, base in enumerate(bases):
+            if idx >> bit & 1:
+                c = [x ^ y for x, y in zip(c, base)]
+        return c
+    n_reg = 1 << len(ll.reg_bases)
+    return [[[[x ^ y ^ z for x, y, z in zip(coord(ll.warp_bases, w), coord(ll.lane_bases, t), coord(ll.reg_bases, r))]
+              for r in range(n_reg)] for t in range(32)] for w in range(WM * WN)]
+
+
+@pytest.mark.parametrize("tile", [(16, 16, 1, 1), (64, 64, 2, 2), (128, 256, 2, 4)])
+def test_fragment_maps_multiply_under_the_ptx_m8n8k4_semantics(tile):
+    """What the kernels feed the asm, run through the PTX ISA's m8n8k4 definition (quad-pair q: lanes 4q..4q+3 and
+    4q+16..4q+19; A row = B col = lane % 4 + 4 (lane >= 16); C row = (lane & 1) + (i & 2) + 4 (lane >= 16), C col =
+    (i & 4) + (lane & 2) + (i & 1)), on the lane/register assignment Triton derives from ``frag_layout``, with the
+    A/B/C maps of the module docstring (``acc_rows_cols``): one k = 8 step must give A @ B exactly (small integers)."""
+    BM, BN, WM, WN = tile
+    coords = _lane_coords(BM, BN, WM, WN)
+    gen = torch.Generator().manual_seed(0)
+    A = torch.randint(-3, 4, (BM, 8), generator=gen).double()
+    B = torch.randint(-3, 4, (8, BN), generator=gen).double()
+    C = torch.zeros(BM, BN, dtype=torch.float64)
+
+    def c_pos(mb, nb, h, ll, i):
+        return 8 * mb + (ll & 1) + (i & 2) + 4 * h, 8 * nb + (i & 4) + (ll & 2) + (i & 1)
+    hit = torch.zeros(BM, BN, dtype=torch.int64)
+    for w in range(WM * WN):
+        for chunk in range(len(coords[w][0]) // 8):       # one inline-asm call (pack = 8) per 8 registers
+            for q in range(4):
+                lanes = [4 * q + j for j in range(4)] + [4 * q + 16 + j for j in range(4)]
+                a_blk = torch.zeros(8, 8, dtype=torch.float64)
+                b_blk = torch.zeros(8, 8, dtype=torch.float64)
+                for t in lanes:
+                    r_ptx = t % 4 + 4 * (t >= 16)
+                    for kk in range(8):                    # the lane's register kk holds k = kk (both mma)
+                        mb, nb, h, ll, k = coords[w][t][8 * chunk + kk]
+                        assert k == kk
+                        a_blk[r_ptx, kk] = A[8 * mb + ll + 4 * h, k]
+                        b_blk[kk, r_ptx] = B[k, 8 * nb + ll + 4 * h]
+                d_blk = a_blk @ b_blk
+                for t in lanes:
+                    for i in range(8):
+                        row = (t & 1) + (i & 2) + 4 * (t >= 16)
+                        col = (i & 4) + (t & 2) + (i & 1)
+                        r, c = c_pos(*coords[w][t][8 * chunk + i])
+                        C[r, c] = d_blk[row, col]
+                        hit[r, c] += 1
+    assert (hit == 1).all(), "every output element belongs to exactly one lane register"
+    assert torch.equal(C, A @ B)
