@@ -80,3 +80,36 @@ def test_gpu_gemm_sm70_symmetric_real_k():
     w = make_qweight(5120, 256, 128, torch.float16, symmetric=True, device="cuda", seed=3)
     x = torch.randn(96, 5120, generator=torch.Generator(device="cuda").manual_seed(4), device="cuda").half()
     _check(w4a16_gemm_sm70(x, w), x, w, None)
+
+
+def test_sm70_row_picks_hmma_from_m8(monkeypatch):
+    """The sm_70 row sends fp16 GEMMs with M >= 8 and groups 32/64/128 to the HMMA.884 kernel, compiled runs only:
+    the interpreter (CI) keeps the tl.dot twin, and sm_80/90 never take it."""
+    from catengine.kernels.w4a16 import gemm
+    w = make_qweight(256, 64, 64, torch.float16)
+    x = torch.zeros(8, 256, dtype=torch.float16)
+    assert not gemm.hmma_applies(gemm.TABLES["sm70"], 8, x, w)          # the interpreter runs this test
+    monkeypatch.setattr(gemm, "INTERPRET", False)
+    assert gemm.hmma_applies(gemm.TABLES["sm70"], 8, x, w)
+    assert not gemm.hmma_applies(gemm.TABLES["sm70"], 7, x[:7], w)
+    assert not gemm.hmma_applies(gemm.TABLES["sm70"], 8, x.bfloat16(), w)
+    for key in ("sm80", "sm90"):
+        assert not gemm.hmma_applies(gemm.TABLES[key], 64, x, w)
+    w16 = make_qweight(256, 64, 16, torch.float16)
+    assert not gemm.hmma_applies(gemm.TABLES["sm70"], 8, x, w16)
+
+
+@pytest.mark.gpu
+def test_gpu_sm70_row_runs_hmma(monkeypatch):
+    """fused_w4a16_linear on the sm_70 row (as a V100 would pick it) reaches the HMMA kernel and matches the twin."""
+    from catengine.kernels.w4a16 import gemm
+    calls = []
+    real = gemm.w4a16_gemm_sm70
+    monkeypatch.setattr(gemm, "w4a16_gemm_sm70", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(gemm, "device_key", lambda device: ("sm70", 80))
+    w = make_qweight(1024, 320, 128, torch.float16, device="cuda", seed=9)
+    x = torch.randn(2, 12, 1024, generator=torch.Generator(device="cuda").manual_seed(9), device="cuda").half()
+    bias = torch.randn(320, generator=torch.Generator(device="cuda").manual_seed(10), device="cuda").half()
+    y = gemm.fused_w4a16_linear(x, w, bias)
+    assert calls and y.shape == (2, 12, 320)
+    _check(y.reshape(24, 320), x.reshape(24, 1024), w, bias)
