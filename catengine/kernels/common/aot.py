@@ -6,6 +6,10 @@ Each Triton or Gluon module lists its launch configurations with ``aot_configs(c
 compiles them all and prints one JSON line per configuration; the tests call it in a subprocess
 because the Triton interpreter (``TRITON_INTERPRET=1``) replaces ``triton.jit`` functions with
 objects the compiler cannot take.
+
+``@gluon.jit`` kernels are recognised by type and built through ``GluonASTSource``. Each result says whether
+the PTX issues HMMA.884 (``mma884``: ``mma.sync.aligned.m8n8k4``) and, for sm_70, whether the SASS holds it
+(``sass_hmma884``; None where no disassembler here takes sm_70 cubins).
 """
 from __future__ import annotations
 
