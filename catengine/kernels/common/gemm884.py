@@ -151,5 +151,5 @@ def aot_configs(cc: int) -> list[AotConfig]:
         out.append(AotConfig("gemm884_kernel", dict(_SIG),
                              dict(stride_ak=1, stride_bn=1, stride_cn=1, BM=c.BM, BN=c.BN, BK=c.BK, WM=c.WM, WN=c.WN),
                              c.num_warps, 1, f"gemm884 {c.BM}x{c.BN}x{c.BK} w{c.WM}x{c.WN}",
-                             divisible_by_16=("stride_am", "stride_bk", "stride_cm")))
+                             divisible_by_16=("N", "K", "stride_am", "stride_bk", "stride_cm")))
     return out
