@@ -8,7 +8,8 @@ straight into the fragment: nibble i | 0x6400 is the fp16 ``1024 + q``, and subt
 folded into the magic) is exact, so ``w = ((1024 + q) - (1024 + z)) * s`` is rounded once, as in the twin.
 
 Contract (as ``gemm.py``'s tl.dot kernel): K a multiple of BK and of the group size G, BK <= G (one scale row per
-k tile). Not wired into gemm.py's launch table yet: its GPU test runs on the H200 first.
+k tile). gemm.py's sm_70 row takes it for fp16 at M >= 8 (``hmma_applies``); its GPU tests
+(tests/kernels/w4a16/test_gemm_sm70.py, ``-m gpu``) had not yet run when it was wired.
 """
 from __future__ import annotations
 
