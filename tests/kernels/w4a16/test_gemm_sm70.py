@@ -47,12 +47,16 @@ def test_pick_split_k_fills_one_wave():
 
 # ----------------------------------------------------------------------------- GPU
 def _check(y, x, w, bias):
-    """The dequantised weight is the twin's bit for bit ((1024 + q) - (1024 + z) is exact in fp16, times s rounds
-    once, as (q - z) * s in fp32 rounded to fp16 does), the products are exact in fp32 and the sums fp32. What is
+    """The dequantised weight is the twin's (``w4a16_dequantize``) bit for bit ((1024 + q) - (1024 + z) is exact in
+    fp16, times s rounds once, as (q - z) * s in fp32 rounded to fp16 does), the products are exact in fp32 and the
+    sums fp32. What is
     left is the fp16 rounding of the output (<= 2^-11 per element, ~2^-12 of the norm) and, with split K, one
     more fp32 rounding per partial: every element within 2^-10 of max|ref| and the error norm within 1e-3 of the
     output norm (4x the expected 2.4e-4). A wrong fragment map, nibble or group gives O(1) errors."""
-    want = reference.w4a16_linear(x.float(), w, None if bias is None else bias.float())   # fp32 out
+    # the twin's own dequantisation in the weight's dtype (rounded once), products and sums in fp32, no output rounding
+    want = x.float() @ reference.w4a16_dequantize(w).float()
+    if bias is not None:
+        want = want + bias.float()
     err = y.float() - want
     assert torch.isfinite(y).all() and y.dtype == torch.float16
     assert err.abs().max() <= 2.0 ** -10 * want.abs().max(), (err.abs().max(), want.abs().max())
