@@ -19,6 +19,8 @@ AOT_MODULES = (
     "catengine.kernels.gdn.conv1d",
     "catengine.kernels.gdn.chunk",
     "catengine.kernels.gdn.recurrent",
+    "catengine.kernels.common.gemm884",
+    "catengine.kernels.w4a16.gemm_sm70",
 )
 
 

@@ -1,11 +1,15 @@
 """Ahead-of-time compilation of kernel configurations for a GPU we may not have (the design notes,
 ../shared/design/SM70.md).
 
-Each Triton module lists its launch configurations with ``aot_configs(cc) -> list[AotConfig]``
+Each Triton or Gluon module lists its launch configurations with ``aot_configs(cc) -> list[AotConfig]``
 (the same per-architecture table it launches with). ``python -m catengine.kernels.common.aot MODULE CC``
 compiles them all and prints one JSON line per configuration; the tests call it in a subprocess
 because the Triton interpreter (``TRITON_INTERPRET=1``) replaces ``triton.jit`` functions with
 objects the compiler cannot take.
+
+``@gluon.jit`` kernels are recognised by type and built through ``GluonASTSource``. Each result says whether
+the PTX issues HMMA.884 (``mma884``: ``mma.sync.aligned.m8n8k4``) and, for sm_70, whether the SASS holds it
+(``sass_hmma884``; None where no disassembler here takes sm_70 cubins).
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ SM70_FORBIDDEN_PTX = (".bf16", "cp.async", "e4m3", "wgmma", "cp.async.bulk")
 
 @dataclass(frozen=True)
 class AotConfig:
-    kernel: str                      # attribute name of the @triton.jit function in the module
+    kernel: str                      # attribute name of the @triton.jit or @gluon.jit function in the module
     signature: dict                  # {"arg": "*fp16" | "i32" | "fp32" | "constexpr", ...}
     constexprs: dict = field(default_factory=dict)
     num_warps: int = 4
@@ -41,6 +45,9 @@ def compile_config(module, cfg: AotConfig, cc: int) -> dict:
     from triton.compiler import ASTSource
 
     fn = getattr(module, cfg.kernel)
+    gluon = _is_gluon(fn)
+    if gluon:   # Gluon kernels carry their own layouts and go through the Gluon front end
+        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource  # noqa: F811
     # torch allocations are 16-byte aligned, so every pointer is specialised as such at run time too
     hinted = [n for n, t in cfg.signature.items() if t.startswith("*") or n in cfg.divisible_by_16]
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in hinted}
@@ -48,10 +55,36 @@ def compile_config(module, cfg: AotConfig, cc: int) -> dict:
     k = triton.compile(src, target=GPUTarget("cuda", cc, 32),
                        options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
     ptx = k.asm["ptx"]
-    return {"kernel": cfg.kernel, "name": cfg.name, "cc": cc, "shared": k.metadata.shared,
+    has_mma884 = "mma.sync.aligned.m8n8k4" in ptx
+    return {"kernel": cfg.kernel, "name": cfg.name, "cc": cc, "gluon": gluon, "shared": k.metadata.shared,
             "forbidden": [s for s in SM70_FORBIDDEN_PTX if s in ptx] if cc < 80 else [],
-            "mma884": "mma.sync.aligned.m8n8k4" in ptx,
+            "mma884": has_mma884,
+            "sass_hmma884": sass_has_hmma884(k.asm["cubin"]) if cc < 80 and has_mma884 else None,
             "overwritten_wgmma_operands": overwritten_wgmma_operands(k.asm.get("ttgir", ""))}
+
+
+def sass_has_hmma884(cubin: bytes) -> bool | None:
+    """Whether the sm_70 SASS holds HMMA.884; None when no disassembler here takes sm_70 cubins (Triton 3.9's
+    cuobjdump refuses them; Triton 3.6's accepts them: point ``CATENGINE_SM70_CUOBJDUMP`` at one)."""
+    import tempfile
+
+    import triton
+    tool = os.environ.get("CATENGINE_SM70_CUOBJDUMP") or os.path.join(
+        os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not os.path.exists(tool):
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, timeout=120)
+    if out.returncode or "deprecated" in out.stderr or "code for sm_70" not in out.stdout:
+        return None
+    return "HMMA.884" in out.stdout
+
+
+def _is_gluon(fn) -> bool:
+    from triton.experimental.gluon._runtime import GluonJITFunction
+    return isinstance(fn, GluonJITFunction)
 
 
 def overwritten_wgmma_operands(ttgir: str) -> list[str]:

@@ -19,6 +19,10 @@ Two kernels, picked by M from a per-architecture table:
   narrow wgmma N instead of a 64-row M tile. Dequant works on pairs: ``(w >> 4j) & 0x000F000F |
   0x64006400`` holds nibbles j and j+4 as the fp16 values ``1024 + q`` (``128 + q`` in bf16).
 
+On the sm_70 row, fp16 GEMMs from ``hmma_min_m`` rows on go to ``w4a16_gemm_sm70`` (gemm_sm70.py: Gluon,
+HMMA.884), since Triton >= 3.3 lowers ``tl.dot`` to FMA there; ``_w4a16_gemm_kernel`` stays for sm_80/90, for
+what the HMMA kernel does not tile, and as its twin in the interpreter (which runs no Gluon).
+
 Split-K programs write fp32 partials that ``splitk_reduce_kernel`` sums in a fixed order (results
 do not depend on scheduling) while adding the bias and casting. A GEMV row with ``fused_reduce`` skips
 that launch: the last program of each tile to arrive at an acq_rel counter (``split_counters``, owned
@@ -39,6 +43,7 @@ from ..common.arch import INTERPRET, arch_key, device_key
 from ..common.splitk import REDUCE_BLOCK, splitk_reduce_kernel
 from .packing import QuantizedWeight
 from .gemv import w4a16_gemv_kernel
+from .gemm_sm70 import w4a16_gemm_sm70
 
 
 # ---------------------------------------------------------------- dequantisation helpers
@@ -174,6 +179,9 @@ class ArchTable:
     gemv_max_m: int
     gemv: GemvConfig
     gemm: tuple         # ((max_m, GemmConfig), ...) ascending; the last covers every larger M
+    # sm_70: from this M on, fp16 GEMMs run on the tensor cores (HMMA.884, gemm_sm70.py) instead of tl.dot,
+    # which Triton >= 3.3 lowers to FMA there; None: tl.dot only
+    hmma_min_m: int | None = None
 
 
 MAX_SPLIT_K = 32
@@ -193,7 +201,7 @@ TABLES = {
         (16, GemmConfig(16, 64, 64, 4, 1, waves=4)),
         (64, GemmConfig(64, 64, 64, 4, 1, waves=2)),
         (1 << 30, GemmConfig(64, 128, 32, 8, 2)),
-    )),
+    ), hmma_min_m=8),
     "sm80": ArchTable(1, GemvConfig(64, 512, 4, 1, 16, prefetch=False), (
         (16, GemmConfig(16, 64, 128, 4, 3, waves=8)),
         (64, GemmConfig(64, 64, 128, 4, 3, waves=4)),
@@ -296,6 +304,15 @@ def check_input(x, weight: QuantizedWeight) -> None:
         raise KernelContractError(f"w4a16_linear: x has {x.shape[-1]} input features, the weight {weight.in_features}")
 
 
+def hmma_applies(table: ArchTable, m: int, x2, weight: QuantizedWeight) -> bool:
+    """Whether the HMMA.884 kernel (gemm_sm70.py) takes this GEMM: the table's row asks for it from this M on,
+    fp16 activations, a group it tiles (32/64/128), and a compiled run (the interpreter has no Gluon; the tl.dot
+    kernel is its twin there)."""
+    return (table.hmma_min_m is not None and m >= table.hmma_min_m and not INTERPRET
+            and x2.dtype == torch.float16 and weight.dtype == torch.float16 and weight.group_size in (32, 64, 128)
+            and weight.in_features % weight.group_size == 0 and weight.qweight.dim() == 2)
+
+
 def fused_w4a16_linear(x, weight: QuantizedWeight, bias=None):
     """Triton twin of :func:`catengine.kernels.w4a16.naive.w4a16_linear`."""
     check_input(x, weight)
@@ -337,6 +354,8 @@ def fused_w4a16_linear(x, weight: QuantizedWeight, bias=None):
             **({"launch_pdl": True} if pdl else {}))
         if counters is not None:
             return y.reshape(*lead, n)
+    elif hmma_applies(table, m, x2, weight):
+        return w4a16_gemm_sm70(x2, weight, bias).reshape(*lead, n)
     else:
         c = next(cfg for max_m, cfg in table.gemm if m <= max_m)
         bk = block_k(c.BK, g, k)
