@@ -26,9 +26,10 @@ SCALES = {
 }
 
 
-def build_overflow_hf(kind: str, seed: int = 5):
-    """A float32 transformers model (kind "dense" or "moe") with fp16-representable, scaled weights."""
-    hf = build_hf_model(moe=kind == "moe", seed=seed)
+def build_overflow_hf(kind: str, seed: int = 5, **overrides):
+    """A float32 transformers model (kind "dense" or "moe") with fp16-representable, scaled weights;
+    ``overrides`` go to the tiny config (the GPU tests need a head dim the Triton attention supports)."""
+    hf = build_hf_model(moe=kind == "moe", seed=seed, **overrides)
     with torch.no_grad():
         for name, p in hf.named_parameters():
             factor = next((f for suffix, f in SCALES[kind] if name.endswith(suffix)), 1.0)

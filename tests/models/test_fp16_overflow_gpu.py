@@ -14,6 +14,8 @@ from .overflow import FP16_MAX, StreamProbe, build_overflow_hf
 from .test_fp16_overflow import DECODE, PROMPT, REL_TOL, run
 
 pytestmark = pytest.mark.gpu
+# the CPU test's models have head_dim 32; the Triton attention kernels have launch configs for 64, 128, 256
+HEAD_DIM = 64
 
 
 def on_cuda(hf):
@@ -25,7 +27,7 @@ def on_cuda(hf):
 
 @pytest.mark.parametrize("kind", ["dense", "moe"])
 def test_fp16_triton_kernels_match_float32(kind, monkeypatch):
-    hf = build_overflow_hf(kind)
+    hf = build_overflow_hf(kind, head_dim=HEAD_DIM)
     probe = StreamProbe(monkeypatch)
     want = run(hf, torch.float32)
     assert max(probe.streams) > FP16_MAX, probe.streams
@@ -43,7 +45,7 @@ def test_fp16_engine_with_cuda_graphs_matches_float32(kind, tmp_path):
     further apart than the bound, and its logprob is float32's within twice the bound."""
     from catengine.tools.demo import demo_model_path
     from catengine.tools.tiny_model import TOKENIZER_KEEP, write_small_tokenizer
-    hf = build_overflow_hf(kind)
+    hf = build_overflow_hf(kind, head_dim=HEAD_DIM)
     hf.save_pretrained(str(tmp_path))
     write_small_tokenizer(demo_model_path() / "tokenizer.json", tmp_path / "tokenizer.json", TOKENIZER_KEEP)
     (tmp_path / "tokenizer_config.json").write_bytes((demo_model_path() / "tokenizer_config.json").read_bytes())
