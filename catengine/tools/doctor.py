@@ -178,9 +178,10 @@ def op_paths(facts: dict, kernels_dir: Path = KERNELS_DIR) -> dict[str, dict]:
     """op -> {family, path}: the torch twin without a CUDA GPU (or under CATENGINE_KERNELS=reference); on a GPU
     the Triton kernel, and for the matrix-product ops the kind of product on the launch-table row in use."""
     from ..kernels import ops
+    from ..kernels.common.arch import arch_from_cc
     gpus, forced = facts["gpus"], facts["catengine_arch"]["forced"]
     # ops run their twins on CPU tensors whatever the switch says (ops.use_triton)
-    row = (forced or min(70 if g["cc"] < 80 else 80 if g["cc"] < 90 else 90 for g in gpus)) if gpus else None
+    row = (forced or min(arch_from_cc(g["cc"]) for g in gpus)) if gpus else None
     fma = _version_tuple(facts["triton"]["version"]) >= (3, 3)
     out = {}
     for op in ops.REGISTRY.names():

@@ -8,48 +8,25 @@ the membar pass puts the barriers between the stores and the fragment loads).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from catengine.errors import KernelContractError
 from catengine.kernels.common.aot import AotConfig
-from catengine.kernels.common.mma884 import (a_layout, a_smem_shape, acc_rows_cols, b_layout, b_smem_shape,
-                                             frag_layout, mma884, smem_layout, stage_index, stage_layout_a,
-                                             stage_layout_b, tile_check)
-
-
-@dataclass(frozen=True)
-class Gemm884Config:
-    BM: int
-    BN: int
-    BK: int
-    WM: int          # warps along M; WM * WN = num_warps
-    WN: int
-    num_stages: int = 1   # register prefetch, not a Triton pipeliner stage: sm_70 has no cp.async
-
-    @property
-    def num_warps(self) -> int:
-        return self.WM * self.WN
+from catengine.kernels.common.mma884 import (Tile884, a_layout, a_smem_shape, acc_rows_cols, b_layout, b_smem_shape,
+                                             frag_layout, mma884, pick_tile, smem_layout, stage_index,
+                                             stage_layout_a, stage_layout_b)
 
 
 # sm_70 tiles: within 96 KB of shared memory (A + B staging is 2 * BK * (BM + BN) bytes) and 255 registers
 # (BM * BN / (32 * num_warps) fp32 accumulators per lane: 128 here)
 SM70_TABLE = (
-    (64, Gemm884Config(64, 64, 32, 2, 2)),
-    (None, Gemm884Config(128, 128, 32, 2, 2)),
+    (64, Tile884(64, 64, 32, 2, 2)),
+    (None, Tile884(128, 128, 32, 2, 2)),
 )
 # every configuration the AOT build checks (the table plus a wide 8-warp tile)
-SM70_AOT = tuple(c for _, c in SM70_TABLE) + (Gemm884Config(128, 256, 32, 2, 4),)
-
-
-def pick_config(M: int) -> Gemm884Config:
-    for max_m, c in SM70_TABLE:
-        if max_m is None or M <= max_m:
-            return c
-    raise AssertionError("unreachable: the last row has no bound")
+SM70_AOT = tuple(c for _, c in SM70_TABLE) + (Tile884(128, 256, 32, 2, 4),)
 
 
 @gluon.jit
@@ -105,7 +82,7 @@ def gemm884_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk
     gl.store(p_c, acc.to(gl.float16), mask=(o_cm < M) & (o_cn < N))
 
 
-def gemm884(a: torch.Tensor, b: torch.Tensor, config: Gemm884Config | None = None) -> torch.Tensor:
+def gemm884(a: torch.Tensor, b: torch.Tensor, config: Tile884 | None = None) -> torch.Tensor:
     """c = a @ b on the tensor cores' m8n8k4 (fp16 in, fp32 accumulate, fp16 out). CUDA only: the Triton
     interpreter runs no Gluon and no inline PTX."""
     if a.dtype != torch.float16 or b.dtype != torch.float16:
@@ -120,11 +97,8 @@ def gemm884(a: torch.Tensor, b: torch.Tensor, config: Gemm884Config | None = Non
     c = torch.empty((M, N), dtype=torch.float16, device=a.device)
     if M == 0 or N == 0:
         return c
-    cfg = config or pick_config(M)
-    try:
-        tile_check(cfg.BM, cfg.BN, cfg.BK, cfg.WM, cfg.WN)
-    except ValueError as e:
-        raise KernelContractError(str(e)) from None
+    cfg = config or pick_tile(SM70_TABLE, M)
+    cfg.check()
     grid = (triton_cdiv(M, cfg.BM), triton_cdiv(N, cfg.BN))
     gemm884_kernel[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0),
                          c.stride(1), BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, WM=cfg.WM, WN=cfg.WN,
@@ -147,7 +121,7 @@ def aot_configs(cc: int) -> list[AotConfig]:
     to constants at run time, so the AOT build does the same."""
     out = []
     for c in SM70_AOT:
-        tile_check(c.BM, c.BN, c.BK, c.WM, c.WN)
+        c.check()
         out.append(AotConfig("gemm884_kernel", dict(_SIG),
                              dict(stride_ak=1, stride_bn=1, stride_cn=1, BM=c.BM, BN=c.BN, BK=c.BK, WM=c.WM, WN=c.WN),
                              c.num_warps, 1, f"gemm884 {c.BM}x{c.BN}x{c.BK} w{c.WM}x{c.WN}",

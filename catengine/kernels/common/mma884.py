@@ -30,8 +30,12 @@ memory (``a_smem_shape`` / ``b_smem_shape``), so that step j loads ``smem.slice(
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+
+from ...errors import KernelContractError
 
 # two m8n8k4 per call; early-clobber outputs (=&f) keep ptxas from giving D the registers of A, B or C,
 # which the second instruction still reads
@@ -51,6 +55,35 @@ def tile_check(BM: int, BN: int, BK: int, WM: int, WN: int) -> None:
     if BM % (16 * WM) or BN % (16 * WN) or BK % 8:
         raise ValueError(f"tile BM={BM} BN={BN} BK={BK} on {WM}x{WN} warps: need BM % (16*WM) == 0, "
                          f"BN % (16*WN) == 0 and BK % 8 == 0")
+
+
+@dataclass(frozen=True)
+class Tile884:
+    """A (BM, BN, BK) tile of an HMMA.884 kernel on WM x WN warps (WM * WN = num_warps)."""
+    BM: int
+    BN: int
+    BK: int
+    WM: int
+    WN: int
+
+    @property
+    def num_warps(self) -> int:
+        return self.WM * self.WN
+
+    def check(self) -> None:
+        """:func:`tile_check` as a kernel contract: a launcher handed a tile the block cannot run."""
+        try:
+            tile_check(self.BM, self.BN, self.BK, self.WM, self.WN)
+        except ValueError as e:
+            raise KernelContractError(str(e)) from None
+
+
+def pick_tile(table: tuple[tuple[int | None, Tile884], ...], M: int) -> Tile884:
+    """The tile of the first ``(max M, tile)`` row that takes M rows; the last row's bound is None."""
+    for max_m, tile in table:
+        if max_m is None or M <= max_m:
+            return tile
+    raise AssertionError("unreachable: the last row has no bound")
 
 
 @gluon.constexpr_function
@@ -156,6 +189,6 @@ def stage_index(ROWS: gl.constexpr, L: gl.constexpr):
     return d, h, ll, k
 
 
-__all__ = ["tile_check", "frag_layout", "a_layout", "b_layout", "a_smem_shape", "b_smem_shape", "smem_layout",
+__all__ = ["Tile884", "pick_tile", "tile_check", "frag_layout", "a_layout", "b_layout", "a_smem_shape", "b_smem_shape", "smem_layout",
            "mma884", "frag_index", "acc_rows_cols",
            "stage_layout_a", "stage_layout_b", "stage_index"]

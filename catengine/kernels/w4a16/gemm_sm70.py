@@ -13,39 +13,24 @@ k tile). gemm.py's sm_70 row takes it for fp16 at M >= 8 (``hmma_applies``); its
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from ...errors import KernelContractError
 from ..common.aot import AotConfig
-from ..common.mma884 import (a_layout, a_smem_shape, acc_rows_cols, b_layout, frag_layout, mma884, smem_layout,
-                             stage_index, stage_layout_a, tile_check)
+from ..common.arch import device_key
+from ..common.mma884 import (Tile884, a_layout, a_smem_shape, acc_rows_cols, b_layout, frag_layout, mma884,
+                             pick_tile, smem_layout, stage_index, stage_layout_a)
 from ..common.splitk import REDUCE_BLOCK, splitk_reduce_kernel
 from .packing import QuantizedWeight
 
 
-@dataclass(frozen=True)
-class Sm70GemmConfig:
-    BM: int
-    BN: int
-    BK: int
-    WM: int
-    WN: int
-
-    @property
-    def num_warps(self) -> int:
-        return self.WM * self.WN
-
-
 # (max M, tile): 4 warps, A staging 2 * BK * BM bytes plus BK / 2 * BN of codes (a few KB of the 96 KB)
 SM70_TABLE = (
-    (64, Sm70GemmConfig(64, 128, 32, 2, 2)),
-    (None, Sm70GemmConfig(128, 128, 32, 2, 2)),
+    (64, Tile884(64, 128, 32, 2, 2)),
+    (None, Tile884(128, 128, 32, 2, 2)),
 )
-V100_SMS = 80
 MAX_SPLIT_K = 8
 
 
@@ -156,21 +141,14 @@ def w4a16_gemm_sm70_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_pt
         gl.store(part_ptr + (i_s * M + o_ym) * N + o_yn, acc, mask=m_y)
 
 
-def pick_config(M: int) -> Sm70GemmConfig:
-    for max_m, c in SM70_TABLE:
-        if max_m is None or M <= max_m:
-            return c
-    raise AssertionError("unreachable: the last row has no bound")
-
-
-def pick_split_k(M: int, N: int, K: int, cfg: Sm70GemmConfig, sms: int) -> int:
+def pick_split_k(M: int, N: int, K: int, cfg: Tile884, sms: int) -> int:
     """Split K until about one wave of programs exists (small M x N leaves most of the SMs idle otherwise)."""
     tiles = -(-M // cfg.BM) * -(-N // cfg.BN)
     return max(1, min(MAX_SPLIT_K, sms // tiles, K // cfg.BK))
 
 
 def w4a16_gemm_sm70(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None,
-                    config: Sm70GemmConfig | None = None, split_k: int | None = None) -> torch.Tensor:
+                    config: Tile884 | None = None, split_k: int | None = None) -> torch.Tensor:
     """x [M, K] fp16 @ dequant(weight) [K, N] (+ bias [N]) -> [M, N] fp16 on m8n8k4. CUDA only (Gluon and inline
     PTX have no interpreter)."""
     if x.dtype != torch.float16 or weight.dtype != torch.float16:
@@ -180,20 +158,17 @@ def w4a16_gemm_sm70(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor
         raise KernelContractError(f"w4a16_gemm_sm70 runs on CUDA only (Gluon has no interpreter), got {x.device}")
     M, K = x.shape
     N, G = weight.out_features, weight.group_size
-    cfg = config or pick_config(M)
+    cfg = config or pick_tile(SM70_TABLE, M)
     if K != weight.in_features or x.stride(1) != 1 or weight.qweight.dim() != 2:
         raise KernelContractError(f"x {tuple(x.shape)} (stride {x.stride()}) does not match a 2-D weight of "
                                   f"K = {weight.in_features}, or is not contiguous along K")
     if G not in (32, 64, 128) or K % G or G % cfg.BK:
         raise KernelContractError(f"group size {G} with K = {K}: need G in 32/64/128, K % G == 0, G % {cfg.BK} == 0")
-    try:
-        tile_check(cfg.BM, cfg.BN, cfg.BK, cfg.WM, cfg.WN)
-    except ValueError as e:
-        raise KernelContractError(str(e)) from None
+    cfg.check()
     y = torch.empty((M, N), dtype=torch.float16, device=x.device)
     if M == 0:
         return y
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    _, sms = device_key(x.device)   # the row's reference count under CATENGINE_ARCH, as every launcher
     split = split_k or pick_split_k(M, N, K, cfg, sms)
     part = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
     qw, s, z = weight.qweight.contiguous(), weight.scales.contiguous(), weight.zeros.contiguous()

@@ -38,8 +38,9 @@ def test_gemm_sm70_contract():
 
 
 def test_pick_split_k_fills_one_wave():
-    from catengine.kernels.w4a16.gemm_sm70 import MAX_SPLIT_K, Sm70GemmConfig, pick_split_k
-    c = Sm70GemmConfig(64, 128, 32, 2, 2)
+    from catengine.kernels.common.mma884 import Tile884
+    from catengine.kernels.w4a16.gemm_sm70 import MAX_SPLIT_K, pick_split_k
+    c = Tile884(64, 128, 32, 2, 2)
     assert pick_split_k(8, 1024, 5120, c, 80) == MAX_SPLIT_K      # 8 tiles on 80 SMs
     assert pick_split_k(4096, 5120, 5120, c, 80) == 1              # thousands of tiles
     assert pick_split_k(8, 128, 64, c, 80) == 2                    # never more splits than k tiles
