@@ -60,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
         fields = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p,
                   "top_k": args.top_k, "min_p": args.min_p, "repetition_penalty": args.repetition_penalty,
                   "stop": args.stop, "seed": args.sampling_seed, "ignore_eos": args.ignore_eos}
-        params = SamplingParams.from_request(fields, tok.generation_config)
+        from .serve_flags import generation_defaults
+        params = SamplingParams.from_request(fields, generation_defaults(args, tok.generation_config))
         return asyncio.run(_stream(engine, engine_prompt, params, args.verbose))
     except CatEngineError as e:
         print(f"catengine generate: {e}", file=sys.stderr)
