@@ -160,6 +160,13 @@ def check_dtype_supported(dtype: torch.dtype, device: torch.device) -> None:
     # emulates bf16 tensors there), and the row follows CATENGINE_ARCH=70 as a V100 would. forced_arch() first:
     # a bad CATENGINE_ARCH is a ConfigError at engine start, whatever the dtype
     forced = forced_arch()
+    if dtype == torch.float32 and device.type == "cuda":
+        # the Triton launch tables are sized for 16-bit activations: with fp32 inputs the GDN serial state
+        # kernel (h_bv 64, 3 stages) asks 279,552 B of shared memory on the H200 (227 KB is the limit) and
+        # dies at the first prefill; refusing here beats a crash minutes later
+        raise ConfigError("dtype float32 is not supported on CUDA: the kernels' launch tables are sized for 16-bit "
+                          "activations (float32 overflows the GDN kernel's shared memory); use dtype='float16' "
+                          "(or 'bfloat16' on sm_80+), or device='cpu' for float32")
     if dtype == torch.bfloat16 and not bf16_supported(device):
         where = (f"CATENGINE_ARCH={forced} makes every device sm_{forced}" if forced is not None
                  else f"this GPU is sm_{device_cc(device)}")
