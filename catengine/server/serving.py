@@ -167,6 +167,7 @@ class ServerContext:
                     self.metrics.count_tokens(prompt_tokens=len(jobs[k].prompt_ids))
                     logs[k].first_token = now - start
                     logs[k].cached = delta.num_cached_tokens
+                logs[k].output[delta.index] = delta.num_output_tokens
                 if delta.token_ids:
                     self.metrics.count_tokens(generation_tokens=len(delta.token_ids))
                     if key not in last_time:

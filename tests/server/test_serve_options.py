@@ -123,7 +123,7 @@ def test_aborted_request_tokens_are_counted(async_engine, caplog):
     assert ctx.metrics.generation_tokens >= seen >= 3 and ctx.metrics.prompt_tokens == len(job.prompt_ids)
     assert ctx.metrics.finished["abort"] == 1
     line = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"request {job.request_id}:")]
-    assert len(line) == 1 and "finish abort" in line[0]
+    assert len(line) == 1 and "finish abort" in line[0] and f"output {seen} tokens" in line[0], line
 
 
 def test_stats_line():
