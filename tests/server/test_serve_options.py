@@ -137,3 +137,26 @@ def test_stats_line():
                                "Prefix cache hit rate: 25.0%")
     idle, active = stats_line(cur, {**cur, "num_running": 0, "num_waiting": 0}, 10.0)
     assert not active and "Prefix cache hit rate: 0.0%" in idle
+
+
+def test_stats_logger_thread_logs_while_busy(caplog):
+    import time
+
+    from catengine.server.stats_log import StatsLogger
+
+    class Ctx:
+        tokens = 0
+
+        def engine_stats(self):
+            self.tokens += 10
+            return {"generation_tokens_total": self.tokens, "num_running": 1}
+
+    logger = StatsLogger(Ctx(), interval=0.02)
+    with caplog.at_level(logging.INFO, logger="catengine.stats"):
+        logger.start()
+        deadline = time.time() + 10
+        while not any("Avg generation throughput" in r.getMessage() for r in caplog.records):
+            assert time.time() < deadline
+            time.sleep(0.01)
+        logger.stop()
+    assert not logger._thread.is_alive()
