@@ -123,11 +123,10 @@ def cuda_graph_sizes(args: argparse.Namespace) -> tuple[int, ...] | None:
     ``--max-cudagraph-capture-size N``) is 1, 2, 4, then every multiple of 8 up to N."""
     from ..cuda_graphs import graph_batch_sizes
     sizes, top = getattr(args, "cuda_graph_sizes", None), getattr(args, "max_cudagraph_capture_size", None)
-    for flag, values in (("--cuda-graph-sizes", sizes or []), ("--max-cudagraph-capture-size", [top] if top else [])):
+    for flag, values in (("--cuda-graph-sizes", sizes or []),
+                         ("--max-cudagraph-capture-size", [] if top is None else [top])):
         if any(v < 1 for v in values):
             raise ConfigError(f"{flag} takes positive batch sizes, got {values}")
-    if top is not None and top < 1:
-        raise ConfigError(f"--max-cudagraph-capture-size takes a positive batch size, got {top}")
     if sizes is not None and len(sizes) > 1:
         chosen = sorted(set(sizes))
         if top is not None:
