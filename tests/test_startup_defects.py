@@ -29,3 +29,24 @@ def test_capacity_line_counts_in_words():
     assert "= 1 sequence of max_model_len 64" in one and "64 tokens" in one and "off (eager)" in one
     many = capacity_line(_plan(8, 64), 2, 2)
     assert "= 2 sequences of" in many and "batch sizes up to 2" in many
+
+
+@pytest.mark.gpu
+def test_float32_engine_on_cuda_fails_before_loading():
+    from catengine import Engine
+    with pytest.raises(ConfigError, match="float32 is not supported on CUDA"):
+        Engine(model=None, device="cuda", dtype="float32", max_model_len=1024)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_sizes_are_the_captured_ones():
+    from catengine import Engine, SamplingParams
+    engine = Engine(model=None, device="cuda", max_model_len=1024, max_num_seqs=8, cuda_graph_sizes=(1, 3, 64),
+                    kv_cache_memory_bytes=256 << 20)
+    try:
+        assert engine.runner.graphs is not None and engine.runner.graphs.batch_sizes == [1, 3]  # 64 > max_num_seqs
+        outs = engine.generate(["a", "b"], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+        assert [len(o.token_ids) for o in outs] == [4, 4]
+        engine.check_integrity()
+    finally:
+        engine.close()
