@@ -33,6 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sampling-seed", type=int, default=None, help="seed of this request's sampling")
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("-v", "--verbose", action="store_true", help="log engine setup and print token counts")
+    from .serve_flags import add_ignored_arguments
+    add_ignored_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:

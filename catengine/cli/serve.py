@@ -83,6 +83,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     serve_flags.add_server_compat_arguments(p)
+    serve_flags.add_ignored_arguments(p)   # last: see its docstring
 
 
 def _json_list(text: str) -> list[str]:

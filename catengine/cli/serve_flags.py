@@ -80,10 +80,21 @@ def add_engine_compat_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enable-expert-parallel", action="store_true", help="refused: needs several GPUs")
     p.add_argument("--language-model-only", action="store_true",
                    help="accepted: catengine serves only the language model")
-    for flag in IGNORED_WITH_VALUE:
-        p.add_argument(flag, default=None, help=argparse.SUPPRESS)
-    for flag in IGNORED_FLAGS:
-        p.add_argument(flag, action="store_true", default=None, help=argparse.SUPPRESS)
+
+
+def add_ignored_arguments(p: argparse.ArgumentParser) -> None:
+    """The logged-and-ignored flags; called last, so a flag that gained a real meaning elsewhere in the parser
+    keeps it (argparse would refuse the second definition)."""
+    taken, ours = set(p._option_string_actions), []
+    for flag in IGNORED_WITH_VALUE + IGNORED_FLAGS:
+        if flag in taken:
+            continue
+        if flag in IGNORED_FLAGS:
+            p.add_argument(flag, action="store_true", default=None, help=argparse.SUPPRESS)
+        else:
+            p.add_argument(flag, default=None, help=argparse.SUPPRESS)
+        ours.append(flag)
+    p.set_defaults(ignored_flags=tuple(ours))
 
 
 def add_server_compat_arguments(p: argparse.ArgumentParser) -> None:
@@ -204,7 +215,7 @@ def check_ssl(args: argparse.Namespace) -> dict[str, Any]:
 
 def log_accepted(args: argparse.Namespace) -> None:
     """One line per flag that is accepted without effect."""
-    for flag in IGNORED_WITH_VALUE + IGNORED_FLAGS:
+    for flag in getattr(args, "ignored_flags", ()):
         value = getattr(args, flag[2:].replace("-", "_"), None)
         if value is not None:
             log.warning("%s %s is a vLLM-internal setting; catengine accepts and ignores it", flag,

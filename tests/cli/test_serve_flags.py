@@ -137,3 +137,18 @@ def test_port_in_use_fails_fast_with_one_line(capsys):
     assert rc == 2 and err == f"catengine serve: 127.0.0.1:{port} is already in use (another server?); stop it " \
                               f"or pick another --port"
     assert elapsed < 5   # before the model loads (the demo model takes longer than this)
+
+
+def test_ignored_flags_are_logged_and_yield_to_real_ones(caplog):
+    import logging
+    args = parse("--swap-space 4 --trust-remote-code")
+    with caplog.at_level(logging.WARNING, logger="catengine.server"):
+        serve_flags.log_accepted(args)
+    text = caplog.text
+    assert "--swap-space 4 is a vLLM-internal setting" in text and "--trust-remote-code" in text
+    assert "--attention-backend" not in text   # only the flags given
+    p = argparse.ArgumentParser()
+    p.add_argument("--swap-space", type=int, default=0)   # a flag that gained a meaning keeps it
+    serve_flags.add_ignored_arguments(p)
+    args = p.parse_args(["--swap-space", "3"])
+    assert args.swap_space == 3 and "--swap-space" not in args.ignored_flags
