@@ -192,7 +192,7 @@ async def chat_stream(ctx: ServerContext, plan: ChatPlan) -> AsyncIterator[bytes
 
     def chunk(choice: ChatChunkChoice) -> bytes:
         return sse(ChatCompletionChunk(id=plan.job.request_id, created=plan.created, model=ctx.config.model_name,
-                                       choices=[choice], usage=usage() if continuous else None))
+                                       choices=[choice], usage=usage() if continuous else msgspec.UNSET))
 
     procs = [plan.processor(ctx) for _ in range(n)]
     try:

@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
+import msgspec
+
 from ..errors import InvalidRequest
 from .choices import completion_logprobs
 from .protocol import (CompletionChoice, CompletionChunk, CompletionChunkChoice, CompletionRequest,
@@ -122,7 +124,7 @@ async def completion_stream(ctx: ServerContext, plan: CompletionPlan) -> AsyncIt
 
     def chunk(choice: CompletionChunkChoice) -> bytes:
         return sse(CompletionChunk(id=rid, created=plan.created, model=ctx.config.model_name, choices=[choice],
-                                   usage=_usage(plan, tokens) if continuous else None))
+                                   usage=_usage(plan, tokens) if continuous else msgspec.UNSET))
 
     try:
         for c in range(total):

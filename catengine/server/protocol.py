@@ -251,13 +251,15 @@ class ChatChunkChoice(msgspec.Struct, kw_only=True):
     finish_reason: str | None = None
 
 
-class ChatCompletionChunk(msgspec.Struct, kw_only=True, omit_defaults=True):
+# The chunks themselves are not omit_defaults: that dropped ``object`` (a required field of the OpenAI
+# schema). Only ``usage`` is left out, through UNSET, unless it is sent.
+class ChatCompletionChunk(msgspec.Struct, kw_only=True):
     id: str
     object: str = "chat.completion.chunk"
     created: int
     model: str
     choices: list[ChatChunkChoice]
-    usage: UsageInfo | None = None
+    usage: UsageInfo | msgspec.UnsetType = msgspec.UNSET
 
 
 class CompletionChunkChoice(msgspec.Struct, kw_only=True):
@@ -267,13 +269,13 @@ class CompletionChunkChoice(msgspec.Struct, kw_only=True):
     finish_reason: str | None = None
 
 
-class CompletionChunk(msgspec.Struct, kw_only=True, omit_defaults=True):
+class CompletionChunk(msgspec.Struct, kw_only=True):
     id: str
     object: str = "text_completion"
     created: int
     model: str
     choices: list[CompletionChunkChoice]
-    usage: UsageInfo | None = None
+    usage: UsageInfo | msgspec.UnsetType = msgspec.UNSET
 
 
 # --- models, errors
