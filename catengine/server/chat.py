@@ -22,7 +22,8 @@ from .reasoning import get_reasoning_parser, prompt_opens_thinking
 from .serving import Job, ServerContext
 from .streaming import sse, sse_done, sse_error
 from .tool_parsers import get_tool_parser
-from .validation import build_params, check_common, check_length, check_logprobs, sampling_fields
+from .validation import (build_params, check_common, check_length, check_logprobs, check_messages,
+                         check_template_kwargs, sampling_fields)
 
 
 @dataclass
@@ -100,11 +101,13 @@ def plan_chat(ctx: ServerContext, req: ChatCompletionRequest) -> ChatPlan:
     check_common(req)
     if not req.messages:
         raise InvalidRequest("messages must be a non-empty list of {role, content} objects")
+    check_messages(req.messages)
     if req.top_logprobs is not None and not req.logprobs:
         raise InvalidRequest("top_logprobs needs \"logprobs\": true; set it or drop top_logprobs")
     check_logprobs(req.top_logprobs, "top_logprobs")
     tools, parser, forced = _tool_setup(ctx, req)
     kwargs = dict(req.chat_template_kwargs or {})
+    check_template_kwargs(kwargs)
     thinking = kwargs.get("enable_thinking", True) is not False
     if req.continue_final_message:
         raise InvalidRequest("continue_final_message is not supported; send the text to continue to /v1/completions")

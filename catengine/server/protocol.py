@@ -7,6 +7,8 @@ encoder (msgspec would write ``null``), so logprobs are clamped where they are b
 """
 from __future__ import annotations
 
+import logging
+import threading
 from typing import Any
 
 import msgspec
@@ -121,16 +123,37 @@ class CompletionRequest(_SamplingFields, kw_only=True):
     response_format: ResponseFormat | None = None
 
 
+log = logging.getLogger("catengine.server")
+_warned_fields: set[tuple[str, str]] = set()
+_warned_lock = threading.Lock()
+_top_level = msgspec.json.Decoder(dict[str, msgspec.Raw])   # keys only: the values stay undecoded
+
+
+def _warn_unknown_fields(body: bytes, kind: type[msgspec.Struct]) -> None:
+    """vLLM ignores fields it does not know and logs them; here each (request kind, field name) is
+    logged once per process, so a client that always sends one extra field does not flood the log."""
+    unknown = set(_top_level.decode(body)) - set(kind.__struct_fields__)
+    with _warned_lock:
+        new = sorted(name for name in unknown if (kind.__name__, name) not in _warned_fields)
+        _warned_fields.update((kind.__name__, name) for name in new)
+    if new:
+        log.warning("%s: ignoring the unknown request field(s) %s (logged once per field name)",
+                    kind.__name__, ", ".join(new))
+
+
 def decode_request(body: bytes, kind: type[msgspec.Struct]):
-    """Decode a JSON body into ``kind``; any malformed body or wrong type is an ``InvalidRequest``."""
+    """Decode a JSON body into ``kind``; any malformed body or wrong type is an ``InvalidRequest``.
+    Booleans are strict (msgspec's default): ``"stream": "no"`` is a 400, not a truthy string."""
     if not body:
         raise InvalidRequest("the request body is empty; send a JSON object")
     try:
-        return msgspec.json.decode(body, type=kind)
+        req = msgspec.json.decode(body, type=kind)
     except msgspec.ValidationError as e:
         raise InvalidRequest(f"invalid request: {e}") from None
     except msgspec.DecodeError as e:
         raise InvalidRequest(f"the request body is not valid JSON: {e}") from None
+    _warn_unknown_fields(body, kind)
+    return req
 
 
 # ---------------------------------------------------------------------------------------------

@@ -42,6 +42,31 @@ def check_common(req: Any) -> None:
                                  "for JSON in the prompt")
 
 
+# OpenAI requires content on these roles; an assistant message may carry only tool_calls (or be a prefill)
+CONTENT_ROLES = ("system", "developer", "user", "tool")
+# chat_template_kwargs the server itself reads (the template sees them too); each must be a JSON boolean
+BOOL_TEMPLATE_KWARGS = ("enable_thinking",)
+
+
+def check_messages(messages: list[Any]) -> None:
+    """A message of a role OpenAI requires content for, sent without content (or with null), is a 400:
+    rendered, it would be an empty turn the model answers at length."""
+    for i, m in enumerate(messages):
+        if m.role in CONTENT_ROLES and m.content is None:
+            raise InvalidRequest(f"messages[{i}] (role {m.role!r}) has no content; {m.role} messages need "
+                                 "\"content\": a string or a list of {\"type\": \"text\", \"text\": ...} parts")
+
+
+def check_template_kwargs(kwargs: dict[str, Any]) -> None:
+    """Booleans the server acts on are parsed strictly: ``"no"`` is truthy to Python and Jinja alike (vLLM's
+    qwen3 reasoning parser and the Qwen templates would both read it as thinking on), so anything but
+    true/false is refused instead of guessed."""
+    for key in BOOL_TEMPLATE_KWARGS:
+        if key in kwargs and not isinstance(kwargs[key], bool):
+            raise InvalidRequest(f"chat_template_kwargs.{key} must be true or false (a JSON boolean), got "
+                                 f"{kwargs[key]!r}")
+
+
 def sampling_fields(req: Any, logprobs: int | None) -> dict[str, Any]:
     """SamplingParams fields a request set (None = unset: generation_config then defaults apply)."""
     return {
