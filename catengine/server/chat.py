@@ -61,9 +61,14 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
+def tool_dicts(tools: list[Any] | None) -> list[dict[str, Any]] | None:
+    """The request's tool structs as the template reads them."""
+    return [_plain(msgspec.to_builtins(t)) for t in tools] if tools else None
+
+
 def _tool_setup(ctx: ServerContext, req: ChatCompletionRequest) -> tuple[list | None, str | None, str]:
     """(tools shown to the template, parser to run, forced prompt suffix)."""
-    tools = [_plain(msgspec.to_builtins(t)) for t in req.tools] if req.tools else None
+    tools = tool_dicts(req.tools)
     choice = req.tool_choice
     if choice is None:
         choice = "auto" if tools else "none"
@@ -97,30 +102,37 @@ def _tool_setup(ctx: ServerContext, req: ChatCompletionRequest) -> tuple[list | 
     return tools, parser, opening[parser]
 
 
-def plan_chat(ctx: ServerContext, req: ChatCompletionRequest) -> ChatPlan:
-    check_common(req)
-    if not req.messages:
-        raise InvalidRequest("messages must be a non-empty list of {role, content} objects")
-    check_messages(req.messages)
-    if req.top_logprobs is not None and not req.logprobs:
-        raise InvalidRequest("top_logprobs needs \"logprobs\": true; set it or drop top_logprobs")
-    check_logprobs(req.top_logprobs, "top_logprobs")
-    tools, parser, forced = _tool_setup(ctx, req)
-    kwargs = dict(req.chat_template_kwargs or {})
+def render_messages(ctx: ServerContext, messages: list[Any], tools: list | None, kwargs: dict[str, Any],
+                    add_generation_prompt: bool) -> str:
+    """The chat template over the request's message structs (chat completions and /tokenize alike)."""
+    check_messages(messages)
     check_template_kwargs(kwargs)
-    thinking = kwargs.get("enable_thinking", True) is not False
-    if req.continue_final_message:
-        raise InvalidRequest("continue_final_message is not supported; send the text to continue to /v1/completions")
-    messages = _plain(msgspec.to_builtins(req.messages))
     try:
-        prompt = ctx.tokenizer.apply_chat_template(messages, tools=tools, chat_template_kwargs=kwargs,
-                                                   add_generation_prompt=req.add_generation_prompt)
+        return ctx.tokenizer.apply_chat_template(_plain(msgspec.to_builtins(messages)), tools=tools,
+                                                 chat_template_kwargs=kwargs,
+                                                 add_generation_prompt=add_generation_prompt)
     except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
         # the template runs on client data: whatever it trips over is a bad request, not a server fault
         if isinstance(e, InvalidRequest):
             raise
         raise InvalidRequest(f"the chat template cannot render these messages ({type(e).__name__}: {e}); "
                              "check the message fields") from None
+
+
+def plan_chat(ctx: ServerContext, req: ChatCompletionRequest) -> ChatPlan:
+    check_common(req)
+    if not req.messages:
+        raise InvalidRequest("messages must be a non-empty list of {role, content} objects")
+    check_messages(req.messages)   # before the tool setup, whose errors would otherwise come first
+    if req.top_logprobs is not None and not req.logprobs:
+        raise InvalidRequest("top_logprobs needs \"logprobs\": true; set it or drop top_logprobs")
+    check_logprobs(req.top_logprobs, "top_logprobs")
+    tools, parser, forced = _tool_setup(ctx, req)
+    kwargs = dict(req.chat_template_kwargs or {})
+    thinking = kwargs.get("enable_thinking", True) is not False
+    if req.continue_final_message:
+        raise InvalidRequest("continue_final_message is not supported; send the text to continue to /v1/completions")
+    prompt = render_messages(ctx, req.messages, tools, kwargs, req.add_generation_prompt)
     opened = prompt_opens_thinking(prompt)
     if forced:
         if opened:
@@ -236,4 +248,4 @@ async def chat_stream(ctx: ServerContext, plan: ChatPlan) -> AsyncIterator[bytes
     yield sse_done()
 
 
-__all__ = ["plan_chat", "chat_full", "chat_stream"]
+__all__ = ["plan_chat", "render_messages", "tool_dicts", "chat_full", "chat_stream"]
