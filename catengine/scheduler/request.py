@@ -53,6 +53,8 @@ class Sequence:
     # the cached KV prefix this sequence shares with an earlier one (0 = none)
     save_point: int = 0
     admitted: bool = False          # admitted at least once (stats count each prompt's first lookup only)
+    # every prompt position must be computed (prompt logprobs): no prefix hit until the first token is sampled
+    skip_prefix_cache: bool = False
     finish_status: str | None = None
 
     # ------------------------------------------------------------------ derived
