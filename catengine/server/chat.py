@@ -14,7 +14,7 @@ from typing import Any, AsyncIterator
 import msgspec
 
 from ..errors import InvalidRequest
-from .choices import ChatChoiceProcessor, chat_logprobs
+from .choices import ChatChoiceProcessor, chat_logprobs, prompt_logprobs
 from .protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
                        ChatCompletionResponse, DeltaMessage, NamedToolChoice, ResponseMessage,
                        UsageInfo)
@@ -145,8 +145,10 @@ def plan_chat(ctx: ServerContext, req: ChatCompletionRequest) -> ChatPlan:
         raise InvalidRequest(f"max_completion_tokens must be at least 1, got {requested}")
     room = check_length(len(prompt_ids), ctx.max_model_len, requested, "messages")
     top = (req.top_logprobs or 0) if req.logprobs else None
-    params = build_params(sampling_fields(req, top), ctx.tokenizer.generation_config, requested, room, None,
-                          ctx.vocab_size)
+    # vLLM's prompt_logprobs (a stream reports none: > 0 was refused there)
+    prompt_lps = None if req.stream else req.prompt_logprobs
+    params = build_params(sampling_fields(req, top, prompt_lps), ctx.tokenizer.generation_config, requested, room,
+                          None, ctx.vocab_size)
     # <tool_call> must reach the tool parser even where the tokenizer marks it special
     job = Job(ctx.new_id("chatcmpl"), prompt_ids, params, special_tokens_visible=parser is not None)
     return ChatPlan(req, job, tools, parser, forced, thinking, opened, top)
@@ -165,8 +167,11 @@ async def chat_full(ctx: ServerContext, plan: ChatPlan) -> ChatCompletionRespons
     reasons: list[Any] = [None] * n
     stop_reasons: list[Any] = [None] * n
     tokens = [0] * n
+    prompt_lps = None
     async for _, d in ctx.generate([plan.job]):
         i = d.index
+        if d.prompt_logprobs is not None:
+            prompt_lps = d.prompt_logprobs
         out = procs[i].feed(d.text)
         if d.finished:
             tail = procs[i].finish()
@@ -190,7 +195,9 @@ async def chat_full(ctx: ServerContext, plan: ChatPlan) -> ChatCompletionRespons
     usage = UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=sum(tokens),
                       total_tokens=prompt_tokens + sum(tokens))
     return ChatCompletionResponse(id=plan.job.request_id, created=plan.created, model=ctx.config.model_name,
-                                  choices=choices, usage=usage)
+                                  choices=choices, usage=usage,
+                                  prompt_logprobs=None if prompt_lps is None else prompt_logprobs(ctx.token_texts,
+                                                                                                  prompt_lps))
 
 
 async def chat_stream(ctx: ServerContext, plan: ChatPlan) -> AsyncIterator[bytes]:

@@ -104,6 +104,7 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    prompt_logprobs: int | None = None
     tools: list[ToolDefinition] | None = None
     tool_choice: str | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
@@ -117,6 +118,7 @@ class CompletionRequest(_SamplingFields, kw_only=True):
     # a string, a list of strings, a list of token ids or a list of token-id lists; checked in validation
     prompt: str | list[Any]
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
@@ -221,6 +223,17 @@ class CompletionLogprobs(msgspec.Struct, kw_only=True):
     top_logprobs: list[dict[str, float] | None] = msgspec.field(default_factory=list)
 
 
+class PromptLogprob(msgspec.Struct, kw_only=True):
+    """vLLM's ``Logprob`` in ``prompt_logprobs``: one entry of a position's ``{token_id: ...}`` map."""
+    logprob: float
+    rank: int | None
+    decoded_token: str | None
+
+
+# vLLM's prompt_logprobs: per prompt position None (the first) or {token id (a string key in JSON): entry}
+PromptLogprobs = list[dict[int, PromptLogprob] | None]
+
+
 class ResponseMessage(msgspec.Struct, kw_only=True):
     role: str = "assistant"
     content: str | None = None
@@ -244,6 +257,7 @@ class ChatCompletionResponse(msgspec.Struct, kw_only=True):
     model: str
     choices: list[ChatChoice]
     usage: UsageInfo
+    prompt_logprobs: PromptLogprobs | None = None   # vLLM's, not OpenAI's
 
 
 class CompletionChoice(msgspec.Struct, kw_only=True):
@@ -252,6 +266,7 @@ class CompletionChoice(msgspec.Struct, kw_only=True):
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobs | None = None   # vLLM's, not OpenAI's
 
 
 class CompletionResponse(msgspec.Struct, kw_only=True):
