@@ -117,3 +117,28 @@ def test_models_validate(client):
     listing = client.get("/v1/models").json()
     for card in listing["data"]:
         _strict(ot.Model, card)
+
+
+@pytest.mark.parametrize("body", [{"prompt": "Hello there", "max_tokens": 2, "echo": True, "logprobs": 1},
+                                  {"prompt": [[5, 6, 7], [8]], "max_tokens": 0, "echo": True, "logprobs": 0}])
+def test_echo_logprobs_validate(client, body):
+    r = client.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    resp = _strict(_EchoCompletion, r.json())
+    for choice in resp.choices:
+        assert choice.logprobs.token_logprobs[0] is None and choice.logprobs.top_logprobs[0] is None
+        assert all(x is not None for x in choice.logprobs.token_logprobs[1:])
+    r = client.post("/v1/completions", json={**body, "stream": True})
+    events = sse_events(r.text.split("\n\n"))
+    assert events[-1] == "[DONE]"
+    for e in events[:-1]:
+        _strict(_StreamCompletion, e)
+
+
+def test_prompt_logprobs_responses_validate(client):
+    r = client.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 2, "prompt_logprobs": 1})
+    assert r.status_code == 200, r.text
+    _strict(oc.ChatCompletion, r.json())
+    r = client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "prompt_logprobs": 1})
+    assert r.status_code == 200, r.text
+    _strict(ot.Completion, r.json())
