@@ -110,3 +110,24 @@ def test_one_token_prompt_and_validation(engine):
             SamplingParams(prompt_logprobs=bad)
     assert SamplingParams(n=3, prompt_logprobs=2).child(1).prompt_logprobs is None
     assert SamplingParams(n=3, prompt_logprobs=2).child(0).prompt_logprobs == 2
+
+
+def test_preempted_prompt_recomputes_without_duplicates(tiny_model_dir, reference):
+    """A tiny KV pool: the older request's decodes preempt the newer one (its prompt chunks, or after its first
+    token); the recompute must neither repeat nor lose prompt positions."""
+    eng = Engine(str(tiny_model_dir), max_model_len=48, block_size=4, max_num_seqs=4, max_num_batched_tokens=8,
+                 num_kv_blocks=14, seed=0)
+    older = _prompt(eng, 8, seed=20)
+    newer = _prompt(eng, 36, seed=21)
+    eng.add_request("older", older, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
+    for _ in range(12):   # older holds 5 of the 14 blocks when newer (10 blocks) arrives
+        eng.step()
+    eng.add_request("newer", newer, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, prompt_logprobs=1))
+    done = {}
+    while eng.has_unfinished():
+        for out in eng.step():
+            if out.finished:
+                done[out.request_id] = out
+    assert eng.stats()["num_preemptions"] > 0
+    _check(done["newer"].prompt_logprobs, newer, reference(newer), 1)
+    assert_clean(eng)
