@@ -300,8 +300,11 @@ class ModelRunner:
         for it in out.scheduled:
             seq = it.seq
             n = getattr(seq.params, "prompt_logprobs", None)
+            if n is None:   # the common case: one attribute read per scheduled sequence
+                offset += it.num_new
+                continue
             last = min(it.end, seq.num_prompt_tokens - 1)
-            if n is not None and seq.num_output_tokens == 0 and last > it.start:
+            if seq.num_output_tokens == 0 and last > it.start:
                 count = last - it.start
                 wanted.append((seq, it.start + 1, count))
                 rows.extend(range(offset, offset + count))

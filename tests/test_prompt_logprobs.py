@@ -131,3 +131,18 @@ def test_preempted_prompt_recomputes_without_duplicates(tiny_model_dir, referenc
     assert eng.stats()["num_preemptions"] > 0
     _check(done["newer"].prompt_logprobs, newer, reference(newer), 1)
     assert_clean(eng)
+
+
+def test_async_engine_generate_returns_them(engine, reference):
+    """AsyncEngine.generate builds its output from the stream: the prompt logprobs ride on the first delta.
+    Run last in this module: the AsyncEngine's thread drives ``engine`` from here on."""
+    import asyncio
+
+    from catengine import AsyncEngine
+    ids = _prompt(engine, 13, seed=30)
+    aengine = AsyncEngine(engine=engine)
+    try:
+        out = asyncio.run(aengine.generate(ids, SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=1)))
+    finally:
+        aengine.shutdown()
+    _check(out.prompt_logprobs, ids, reference(ids), 1)
