@@ -102,6 +102,21 @@ def test_batched_with_requests_that_do_not_ask(engine, reference):
     assert_clean(engine)
 
 
+def test_lm_head_rows_only_for_requests_that_ask(engine, monkeypatch):
+    """The normal path keeps its cost: without prompt_logprobs the lm_head sees one row per sample; with it,
+    exactly the asking request's prompt positions more (len - 1 of them)."""
+    rows = []
+    real = engine.model.compute_logits
+    monkeypatch.setattr(engine.model, "compute_logits", lambda h: rows.append(h.shape[0]) or real(h))
+    prompts = [_prompt(engine, n, seed=40 + n) for n in (9, 14)]
+    greedy = SamplingParams(temperature=0, max_tokens=3)
+    engine.generate(prompts, greedy)
+    assert sum(rows) == 2 * 3
+    rows.clear()
+    engine.generate(prompts, [greedy, SamplingParams(temperature=0, max_tokens=3, prompt_logprobs=1)])
+    assert sum(rows) == 2 * 3 + (14 - 1)
+
+
 def test_one_token_prompt_and_validation(engine):
     out = engine.generate([[7]], SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=5))[0]
     assert out.prompt_logprobs == [None]
