@@ -65,8 +65,10 @@ def test_prefix_cache_hits_do_not_skip_positions(engine, reference):
     engine.generate([ids], greedy)
     hit = engine.generate([ids], greedy)[0]
     assert hit.num_cached_tokens > 0 and hit.prompt_logprobs is None   # the cache serves this prompt
+    queries = engine.stats()["prefix_cache_queries"]
     out = engine.generate([ids], SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=0))[0]
     assert out.num_cached_tokens == 0
+    assert engine.stats()["prefix_cache_queries"] == queries   # no lookup, so no query counted (as vLLM)
     _check(out.prompt_logprobs, ids, reference(ids), 0)
     assert out.token_ids == hit.token_ids
     assert_clean(engine)

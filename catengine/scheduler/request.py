@@ -80,6 +80,11 @@ class Sequence:
         return len(self.token_ids) - self.num_computed
 
     @property
+    def reads_prefix_cache(self) -> bool:
+        """False while a ``skip_prefix_cache`` sequence has not sampled its first token."""
+        return not (self.skip_prefix_cache and self.num_output_tokens == 0)
+
+    @property
     def sort_key(self) -> tuple[int, int]:
         return (self.arrival, self.index)
 

@@ -210,7 +210,7 @@ class Scheduler:
         exists. When the cached KV prefix reaches further (a prefix shared with an earlier prompt,
         such as a system prompt, whose state was not saved at its end), ``seq.save_point`` makes
         this sequence's prefill stop there once so that the next prompt sharing it hits."""
-        if not self.caching or (seq.skip_prefix_cache and seq.num_output_tokens == 0):
+        if not self.caching or not seq.reads_prefix_cache:
             return [], None   # a recompute after the first token may hit: the prompt's logprobs are out
         max_blocks = (seq.num_tokens - 1) // self.block_size
         keys = seq.compute_hashes(max_blocks, self.block_size)[:max_blocks]
@@ -271,7 +271,8 @@ class Scheduler:
             if snapshot is not None:
                 self.states.touch(snapshot[0])
                 restores.append((snapshot[1], seq.state_slot))
-            self.prefix_queries += seq.num_tokens if self.caching else 0
+            # a sequence that may not read the cache made no query (vLLM counts it neither)
+            self.prefix_queries += seq.num_tokens if self.caching and seq.reads_prefix_cache else 0
             self.prefix_hits += start
             if not seq.admitted:
                 seq.num_cached_tokens, seq.admitted = start, True
