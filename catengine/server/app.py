@@ -26,11 +26,11 @@ from ..errors import EngineDead, InvalidRequest
 from ..metrics import CONTENT_TYPE
 from .chat import chat_full, chat_stream, plan_chat
 from .completions import completion_full, completion_stream, plan_completion
-from .protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ModelCard, ModelList,
-                       TokenizeRequest, decode_request, encode, error_body)
+from .protocol import (ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, decode_request, encode,
+                       error_body)
 from .serving import ModelNotFound, ServerContext
 from .streaming import SSE_HEADERS
-from .tokenize import detokenize, tokenize
+from .tokenize import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 
 log = logging.getLogger("catengine.server")
 JSON = "application/json"

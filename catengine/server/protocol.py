@@ -143,25 +143,6 @@ def _warn_unknown_fields(body: bytes, kind: type[msgspec.Struct]) -> None:
                     kind.__name__, ", ".join(new))
 
 
-class TokenizeRequest(msgspec.Struct, kw_only=True):
-    """vLLM's ``/tokenize``: ``prompt`` (TokenizeCompletionRequest) or ``messages`` (TokenizeChatRequest)."""
-    model: str | None = None
-    prompt: str | None = None
-    messages: list[ChatMessage] | None = None
-    # vLLM's defaults: True for a prompt, False for messages (the template adds what the model needs)
-    add_special_tokens: bool | None = None
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
-    return_token_strs: bool = False
-    chat_template_kwargs: dict[str, Any] | None = None
-    tools: list[ToolDefinition] | None = None
-
-
-class DetokenizeRequest(msgspec.Struct, kw_only=True):
-    model: str | None = None
-    tokens: list[int]
-
-
 def decode_request(body: bytes, kind: type[msgspec.Struct]):
     """Decode a JSON body into ``kind``; any malformed body or wrong type is an ``InvalidRequest``.
     Booleans are strict (msgspec's default): ``"stream": "no"`` is a 400, not a truthy string."""
@@ -335,18 +316,7 @@ class CompletionChunk(msgspec.Struct, kw_only=True):
     usage: UsageInfo | msgspec.UnsetType = msgspec.UNSET
 
 
-# --- tokenizer endpoints, models, errors
-
-
-class TokenizeResponse(msgspec.Struct, kw_only=True):
-    count: int
-    max_model_len: int
-    tokens: list[int]
-    token_strs: list[str] | None = None
-
-
-class DetokenizeResponse(msgspec.Struct, kw_only=True):
-    prompt: str
+# --- models, errors
 
 
 

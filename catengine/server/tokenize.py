@@ -6,10 +6,44 @@ token count is what a request of the same input would be billed as prompt tokens
 """
 from __future__ import annotations
 
+from typing import Any
+
+import msgspec
+
 from ..errors import InvalidRequest
 from .chat import render_messages, tool_dicts
-from .protocol import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
+from .protocol import ChatMessage, ToolDefinition
 from .serving import ServerContext, check_token_ids
+
+
+class TokenizeRequest(msgspec.Struct, kw_only=True):
+    """``prompt`` (vLLM's TokenizeCompletionRequest) or ``messages`` (TokenizeChatRequest)."""
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    # vLLM's defaults: True for a prompt, False for messages (the template adds what the model needs)
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    return_token_strs: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[ToolDefinition] | None = None
+
+
+class TokenizeResponse(msgspec.Struct, kw_only=True):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeRequest(msgspec.Struct, kw_only=True):
+    model: str | None = None
+    tokens: list[int]
+
+
+class DetokenizeResponse(msgspec.Struct, kw_only=True):
+    prompt: str
 
 
 def tokenize(ctx: ServerContext, req: TokenizeRequest) -> TokenizeResponse:
@@ -35,4 +69,4 @@ def detokenize(ctx: ServerContext, req: DetokenizeRequest) -> DetokenizeResponse
     return DetokenizeResponse(prompt=ctx.tokenizer.decode(ids, skip_special_tokens=False))
 
 
-__all__ = ["tokenize", "detokenize"]
+__all__ = ["tokenize", "detokenize", "TokenizeRequest", "DetokenizeRequest"]
