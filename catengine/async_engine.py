@@ -170,11 +170,13 @@ class AsyncEngine:
     async def generate(self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None,
                        **kwargs) -> RequestOutput:
         """Run one request to completion and return its output (built from the stream)."""
-        rid, prompt_ids, metrics, cached = request_id, [], None, 0
+        rid, prompt_ids, metrics, cached, prompt_lps = request_id, [], None, 0, None
         texts: dict[int, list[str]] = {}
         comps: dict[int, CompletionOutput] = {}
         async for d in self.stream(prompt, params, request_id, **kwargs):
             rid, prompt_ids, metrics, cached = d.request_id, d.prompt_token_ids, d.metrics, d.num_cached_tokens
+            if d.prompt_logprobs is not None:
+                prompt_lps = list(d.prompt_logprobs)
             c = comps.setdefault(d.index, CompletionOutput(d.index, "", [], logprobs=None))
             texts.setdefault(d.index, []).append(d.text)
             c.token_ids.extend(d.token_ids)
@@ -186,7 +188,8 @@ class AsyncEngine:
             if c.logprobs is not None:
                 c.cumulative_logprob = sum(lp.logprob for lp in c.logprobs)
         text = prompt if isinstance(prompt, str) else None
-        return RequestOutput(rid, text, list(prompt_ids), [comps[i] for i in sorted(comps)], True, metrics, cached)
+        return RequestOutput(rid, text, list(prompt_ids), [comps[i] for i in sorted(comps)], True, metrics, cached,
+                             prompt_lps)
 
     def abort(self, request_id: str) -> None:
         """Abort a request from any thread; its stream (if still read) ends with finish_reason "abort"."""

@@ -148,7 +148,8 @@ class Engine:
         state = RequestState(prep, self.tokenizer, self.eos_token_ids)
         forks = [(seed, p) for seed, p in zip(prep.seeds[1:], prep.completion_params[1:])]
         seq = self.scheduler.add(prep.request_id, prep.prompt_token_ids, len(prep.prompt_token_ids) + prep.max_tokens,
-                                 params=prep.completion_params[0], seed=prep.seeds[0], forks=forks)
+                                 params=prep.completion_params[0], seed=prep.seeds[0], forks=forks,
+                                 skip_prefix_cache=prep.params.prompt_logprobs is not None)
         state.completions[0].seq = seq
         self._requests[prep.request_id] = state
         return prep.request_id
@@ -194,6 +195,8 @@ class Engine:
                 if metrics.first_scheduled_time is None:
                     metrics.first_scheduled_time = now
             result = self.runner.execute(out)
+            for seq, first, entries in result.prompt_logprobs:   # before the tokens: the first delta carries them
+                self._requests[seq.request_id].add_prompt_logprobs(first, entries)
             events = sched.update(out, result.token_ids)
             now = time.time()
             max_len = self.config.max_model_len

@@ -30,6 +30,7 @@ from .protocol import (ChatCompletionRequest, CompletionRequest, ModelCard, Mode
                        error_body)
 from .serving import ModelNotFound, ServerContext
 from .streaming import SSE_HEADERS
+from .tokenize import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 
 log = logging.getLogger("catengine.server")
 JSON = "application/json"
@@ -119,16 +120,42 @@ def _handler(ctx: ServerContext, kind: type, plan_fn: Callable, full_fn: Callabl
     return endpoint
 
 
+def _tokenizer_handler(ctx: ServerContext, kind: type, fn: Callable):
+    """/tokenize, /detokenize: decode, check the model name, run ``fn`` on the preparation thread."""
+    async def endpoint(request: Request) -> Response:
+        try:
+            req = decode_request(await _read_body(request, ctx.config.max_request_bytes), kind)
+            ctx.check_model(req.model)
+            return json_response(await ctx.run_blocking(fn, ctx, req))
+        except InvalidRequest as e:
+            return error_response(400, str(e))
+        except ModelNotFound as e:
+            return error_response(404, str(e), "model")
+        except Exception as e:  # noqa: BLE001 (a bug: logged once, answered 500)
+            return internal_error(request, e)
+    return endpoint
+
+
 def internal_error(request: Request, exc: BaseException) -> Response:
     log.error("internal error on %s", request.url.path, exc_info=exc)
     return error_response(500, f"internal error: {type(exc).__name__}")
 
 
 def build_app(ctx: ServerContext) -> Starlette:
+    def card(name: str) -> ModelCard:
+        return ModelCard(id=name, created=ctx.created, root=str(ctx.engine.model_path), max_model_len=ctx.max_model_len)
+
     async def models(request: Request) -> Response:
-        cards = [ModelCard(id=name, created=ctx.created, root=str(ctx.engine.model_path),
-                           max_model_len=ctx.max_model_len) for name in ctx.config.served_model_names]
-        return json_response(ModelList(data=cards))
+        return json_response(ModelList(data=[card(name) for name in ctx.config.served_model_names]))
+
+    async def model(request: Request) -> Response:
+        """OpenAI's GET /v1/models/{model}; a served name may hold slashes (``Qwen/Qwen3.5-9B``)."""
+        name = request.path_params["model_id"]
+        try:
+            ctx.check_model(name)
+        except ModelNotFound as e:
+            return error_response(404, str(e), "model")
+        return json_response(card(name))
 
     async def health(request: Request) -> Response:
         if ctx.is_dead:
@@ -153,7 +180,11 @@ def build_app(ctx: ServerContext) -> Starlette:
         Route("/v1/completions", _handler(ctx, CompletionRequest, plan_completion, completion_full,
                                           completion_stream), methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", model, methods=["GET"]),
+        Route("/tokenize", _tokenizer_handler(ctx, TokenizeRequest, tokenize), methods=["POST"]),
+        Route("/detokenize", _tokenizer_handler(ctx, DetokenizeRequest, detokenize), methods=["POST"]),
         Route("/health", health, methods=["GET"]),
+        Route("/ping", health, methods=["GET", "POST"]),   # vLLM's (SageMaker's) name for /health
         Route("/metrics", metrics, methods=["GET"]),
         Route("/version", version, methods=["GET"]),
     ]

@@ -97,7 +97,9 @@ BAD_COMP = [
     (comp(prompt=[True, 3]), "prompt"),
     (comp(prompt={"a": 1}), "prompt"),
     (comp(logprobs=21), "logprobs"),
-    (comp(logprobs=1, echo=True), "echo"),
+    (comp(max_tokens=0), "max_tokens"),   # 0 only with echo (the prompt alone)
+    (comp(prompt_logprobs=1, stream=True), "prompt_logprobs"),
+    (comp(prompt_logprobs=21), "prompt_logprobs"),
     (comp(suffix="x"), "suffix"),
     (comp(best_of=3), "best_of"),
     (comp(prompt="word " * (MAX_MODEL_LEN + 10)), "maximum context length"),
