@@ -8,6 +8,7 @@ and no part of a stop string ever reaches a client.
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import json
 import os
@@ -122,6 +123,18 @@ class Tokenizer:
         return template
 
     # ------------------------------------------------------------------ text <-> ids
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """An upper bound of the characters one token stands for: the longest vocabulary piece
+        (byte-level pieces hold one symbol per byte, and a character is at least one byte;
+        SentencePiece pieces one symbol per character), times 2 for normalizers that compose
+        characters (NFC: a letter and a combining mark become one). A text longer than
+        ``n * max_token_chars`` cannot tokenize to ``n`` tokens or fewer. Computed on first use
+        (about a second for a 250k vocabulary)."""
+        vocab = self._backend.get_vocab(with_added_tokens=True) if self._backend is not None else self.hf.get_vocab()
+        added = getattr(self.hf, "added_tokens_decoder", {}).values()
+        return 2 * max([len(piece) for piece in vocab] + [len(str(t)) for t in added] + [1])
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``. ``add_special_tokens`` adds what the tokenizer adds (a BOS for
         Llama-style models, nothing for Qwen); pass False for an already rendered chat prompt."""

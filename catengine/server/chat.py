@@ -15,6 +15,7 @@ import msgspec
 
 from ..errors import InvalidRequest
 from .choices import ChatChoiceProcessor, chat_logprobs
+from .limits import check_sequences
 from .protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
                        ChatCompletionResponse, DeltaMessage, NamedToolChoice, ResponseMessage,
                        UsageInfo)
@@ -103,6 +104,7 @@ def plan_chat(ctx: ServerContext, req: ChatCompletionRequest) -> ChatPlan:
     if req.top_logprobs is not None and not req.logprobs:
         raise InvalidRequest("top_logprobs needs \"logprobs\": true; set it or drop top_logprobs")
     check_logprobs(req.top_logprobs, "top_logprobs")
+    check_sequences(1, req.n, ctx.max_sequences)
     tools, parser, forced = _tool_setup(ctx, req)
     kwargs = dict(req.chat_template_kwargs or {})
     thinking = kwargs.get("enable_thinking", True) is not False
@@ -124,7 +126,7 @@ def plan_chat(ctx: ServerContext, req: ChatCompletionRequest) -> ChatPlan:
             prompt += "\n</think>\n\n"
             opened, thinking = False, False
         prompt += forced
-    prompt_ids = ctx.tokenizer.encode(prompt, add_special_tokens=False)
+    prompt_ids = ctx.encode(prompt, add_special_tokens=False)
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     if requested is not None and requested < 1:
         raise InvalidRequest(f"max_completion_tokens must be at least 1, got {requested}")

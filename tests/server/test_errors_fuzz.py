@@ -1,5 +1,6 @@
 """Every error rule of OPENAI_API.md answers 400/404/405 in the OpenAI error shape, never 500, and a
 hypothesis fuzz over the request schema finds no 5xx (in-process app, real demo engine)."""
+import asyncio
 import json
 import random
 
@@ -148,14 +149,23 @@ def test_defaults_from_generation_config(async_engine):
     body = {"messages": MSG, "temperature": 0, "top_k": 5, "max_tokens": 7, "max_completion_tokens": 9}
     p = plan_chat(ctx, decode_request(json.dumps(body).encode(), ChatCompletionRequest)).job.params
     assert (p.temperature, p.top_p, p.top_k, p.max_tokens) == (0.0, 0.8, 5, 9)
-    p = plan_completion(ctx, decode_request(b'{"prompt": "hi"}', CompletionRequest)).jobs[0].params
+    plan = asyncio.run(plan_completion(ctx, decode_request(b'{"prompt": "hi"}', CompletionRequest)))
+    p = plan.jobs[0].params
     assert p.max_tokens == 16 and p.temperature == 0.7
 
 
-def test_cors_preflight(client):
-    r = client.options("/v1/chat/completions", headers={"Origin": "http://ui.example",
-                                                       "Access-Control-Request-Method": "POST"})
-    assert r.status_code == 200 and r.headers["access-control-allow-origin"] in ("*", "http://ui.example")
+def test_cors_is_opt_in(client, async_engine):
+    preflight = {"Origin": "http://ui.example", "Access-Control-Request-Method": "POST"}
+    r = client.options("/v1/chat/completions", headers=preflight)
+    assert "access-control-allow-origin" not in r.headers    # no --allowed-origins: no CORS at all
+    r = post(client, "/v1/chat/completions", chat())
+    assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+    app = build_app(make_context(async_engine, cors_origins=("http://ui.example",)))
+    with TestClient(app) as c:
+        r = c.options("/v1/chat/completions", headers=preflight)
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://ui.example"
+        r = c.options("/v1/chat/completions", headers={**preflight, "Origin": "http://evil.example"})
+        assert "access-control-allow-origin" not in r.headers
 
 
 def test_unknown_fields_ignored_and_both_reasoning_names_accepted(client):
