@@ -315,6 +315,7 @@ class Engine:
             "num_running_seqs": s.num_running, "num_waiting_seqs": s.num_waiting,
             "kv_cache_usage": s.kv_cache_usage, "num_kv_blocks": s.num_blocks,
             "num_free_kv_blocks": s.num_free_blocks, "num_cached_kv_blocks": s.num_cached_blocks,
+            "num_evictable_kv_blocks": s.num_evictable_blocks,
             "kv_capacity_tokens": self.memory_plan.kv_capacity_tokens,
             "prefix_cache_queries": s.prefix_cache_queries, "prefix_cache_hits": s.prefix_cache_hits,
             "num_preemptions": s.num_preemptions, "num_state_snapshots": s.num_state_snapshots,

@@ -8,7 +8,6 @@ above 1, fp8 e4m3 KV) fail at startup with a message saying what to use instead.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import re
@@ -30,7 +29,7 @@ IGNORED_WITH_VALUE = ("--attention-backend", "--swap-space", "--distributed-exec
 IGNORED_FLAGS = ("--trust-remote-code", "--disable-log-requests", "--disable-log-stats", "--enable-log-requests",
                  "--disable-custom-all-reduce", "--enable-chunked-prefill", "--no-enable-chunked-prefill",
                  "--disable-frontend-multiprocessing", "--enable-prompt-tokens-details", "--disable-fastapi-docs",
-                 "--enable-server-load-tracking", "--disable-uvicorn-access-log", "--async-scheduling",
+                 "--enable-server-load-tracking", "--async-scheduling",
                  "--enable-force-include-usage", "--return-tokens-as-token-ids")
 
 
@@ -79,10 +78,11 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from .serve_limits import add_limit_arguments, port
     p.add_argument("model_tag", nargs="?", default=None, help="model directory (like `vllm serve MODEL`)")
     add_engine_arguments(p)
     p.add_argument("--host", default="0.0.0.0", help="address to bind (default all interfaces)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=port, default=8000)
     p.add_argument("--served-model-name", nargs="+", default=None,
                    help="name(s) clients use in 'model' (default: the model path)")
     p.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY") or os.environ.get("CATENGINE_API_KEY"),
@@ -90,21 +90,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enable-auto-tool-choice", action="store_true", help="let the model decide to call tools")
     p.add_argument("--tool-call-parser", default=None, help="qwen3_coder or hermes")
     p.add_argument("--reasoning-parser", default=None, help="qwen3: split <think> into reasoning_content")
-    p.add_argument("--allowed-origins", type=_json_list, default=["*"], help='CORS origins, JSON list (["*"])')
-    p.add_argument("--allowed-methods", type=_json_list, default=["*"], help="CORS methods, JSON list")
-    p.add_argument("--allowed-headers", type=_json_list, default=["*"], help="CORS headers, JSON list")
-    p.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
+    add_limit_arguments(p)
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
-
-
-def _json_list(text: str) -> list[str]:
-    try:
-        value = json.loads(text)
-    except ValueError:
-        value = None
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON list of strings, e.g. '[\"*\"]'")
-    return value
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -136,6 +123,7 @@ def log_ignored(args: argparse.Namespace) -> None:
 
 def server_config(args: argparse.Namespace, model_path: str):
     from ..server.reasoning import get_reasoning_parser
+    from .serve_limits import limit_config
     from ..server.serving import ServerConfig
     from ..server.tool_parsers import get_tool_parser
     if args.tool_call_parser:
@@ -148,9 +136,7 @@ def server_config(args: argparse.Namespace, model_path: str):
     names = tuple(args.served_model_name or [model_path])
     return ServerConfig(served_model_names=names, api_key=args.api_key or None,
                         enable_auto_tool_choice=args.enable_auto_tool_choice, tool_call_parser=args.tool_call_parser,
-                        reasoning_parser=args.reasoning_parser, cors_origins=tuple(args.allowed_origins),
-                        cors_methods=tuple(args.allowed_methods), cors_headers=tuple(args.allowed_headers),
-                        cors_credentials=args.allow_credentials)
+                        reasoning_parser=args.reasoning_parser, **limit_config(args))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -165,13 +151,13 @@ def run(args: argparse.Namespace) -> int:
     except (CatEngineError, OSError) as e:
         print(f"catengine serve: {e}", file=sys.stderr)
         return 2
-    return serve(engine, config, args.host, args.port, args.log_level)
+    from .serve_limits import http_settings
+    return serve(engine, config, args.host, args.port, args.log_level, http_settings(args))
 
 
-def serve(engine, config, host: str, port: int, log_level: str = "info") -> int:
-    import uvicorn
-
+def serve(engine, config, host: str, port: int, log_level: str = "info", http=None) -> int:
     from ..server.app import build_app
+    from ..server.http_server import HttpSettings, build_server
     from ..server.serving import ServerContext
     ctx = ServerContext(engine, config)
     app = build_app(ctx)
@@ -188,7 +174,7 @@ def serve(engine, config, host: str, port: int, log_level: str = "info") -> int:
           f"reasoning: {config.reasoning_parser or 'off'}, api key: {'required' if config.api_key else 'none'}",
           flush=True)
     try:
-        uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False, timeout_keep_alive=30)
+        build_server(app, ctx, host, port, http or HttpSettings(), log_level).run()
     finally:
         ctx.close()
         engine.shutdown()
