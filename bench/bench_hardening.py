@@ -86,7 +86,7 @@ def beside(base: str, body: dict) -> tuple[float, float, int]:
 
 
 def fuzz(base: str, n: int, rng: random.Random) -> dict:
-    kinds = ["application/json", "text/plain", "application/x-www-form-urlencoded", "multipart/form-data", None]
+    kinds = ["application/json"] * 6 + ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data", None]
     fields = ["model", "prompt", "messages", "max_tokens", "n", "temperature", "stream", "logprobs", "stop", "seed",
               "top_k", "logit_bias", "tools", "response_format", "echo"]
     values = [None, True, -1, 0, 1, 3, 2**70, 1.5, "x", "", [], [1, 2], ["a"], {}, {"a": 1},
