@@ -1,6 +1,6 @@
 """ASGI middleware in front of the API routes: what a request body must be before any endpoint reads it.
 
-For ``POST`` under ``/v1``, :class:`BodyGuard` reads the whole body itself and hands the endpoint a
+For every ``POST`` (the API takes JSON bodies only), :class:`BodyGuard` reads the whole body itself and hands the endpoint a
 replay of it, so that every rule below is enforced in one place, before JSON decoding:
 
 - ``Content-Type`` must be ``application/json`` (parameters such as ``charset`` allowed): 415
@@ -57,7 +57,7 @@ class BodyGuard:
             raw = scope.get("raw_path")
             if raw:
                 scope["raw_path"] = raw.rstrip(b"/") or b"/"
-        if scope.get("method") != "POST" or not scope["path"].startswith("/v1/"):
+        if scope.get("method") != "POST":
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
