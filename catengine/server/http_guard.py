@@ -1,7 +1,8 @@
 """ASGI middleware in front of the API routes: what a request body must be before any endpoint reads it.
 
-For every ``POST`` (the API takes JSON bodies only), :class:`BodyGuard` reads the whole body itself and hands the endpoint a
-replay of it, so that every rule below is enforced in one place, before JSON decoding:
+For every ``POST`` (the API takes JSON bodies only), :class:`BodyGuard` reads the whole body itself
+and hands the endpoint a replay of it, so that every rule below is enforced in one place, before JSON
+decoding:
 
 - ``Content-Type`` must be ``application/json`` (parameters such as ``charset`` allowed): 415
   otherwise. Browsers send ``text/plain``, form and multipart bodies cross-origin without a CORS

@@ -124,6 +124,7 @@ class GracefulServer(uvicorn.Server):
 def build_server(app, ctx, host: str, port: int, settings: HttpSettings, log_level: str = "info") -> GracefulServer:
     backstop = None if settings.shutdown_timeout is None else settings.shutdown_timeout + FINAL_EVENT_GRACE
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=settings.access_log,
-                            http=protocol_class(settings.header_timeout), timeout_keep_alive=settings.timeout_keep_alive,
+                            http=protocol_class(settings.header_timeout),
+                            timeout_keep_alive=settings.timeout_keep_alive,
                             limit_concurrency=settings.limit_concurrency, timeout_graceful_shutdown=backstop)
     return GracefulServer(config, ctx, settings.shutdown_timeout)
