@@ -152,6 +152,34 @@ async def burst(base: str, count: int) -> dict:
     return out
 
 
+def shutdown_during_streams(server, thread, base: str, count: int) -> tuple[list[str], float]:
+    """What SIGTERM does, without a signal (the server runs in a thread): streams started, then should_exit."""
+    last: list[list[str]] = [[] for _ in range(count)]
+
+    def stream(i):
+        body = {"prompt": f"story {i}", "max_tokens": 1900, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", base + "/v1/completions", json=body, timeout=120) as r:
+            for line in r.iter_lines():
+                if line:
+                    last[i] = (last[i] + [line])[-2:]
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    while not all(last):
+        time.sleep(0.1)
+    t0 = time.perf_counter()
+    server.should_exit = True
+    thread.join(60)
+    took = time.perf_counter() - t0
+    for t in threads:
+        t.join(10)
+    finals = []
+    for lines in last:
+        finals.append("[DONE]" if lines[-1] == "data: [DONE]" else "cut")
+        finals.append("error" if '"error"' in lines[0] else "other")
+    return finals, took
+
+
 def sampler_rows(vocab: int) -> tuple[float, float]:
     from catengine.kernels.sampling import naive
     B = 64
@@ -213,6 +241,14 @@ def main() -> None:
     server, thread, base, port = start(engine, max_waiting=8)
     try:
         print(f"burst of 40 with --max-waiting-requests 8: {asyncio.run(burst(base, 40))}")
+    finally:
+        server.should_exit = True
+        thread.join(30)
+    server, thread, base, port = start(engine)
+    try:
+        finals, took = shutdown_during_streams(server, thread, base, 20)
+        print(f"shutdown during 20 long streams (--shutdown-timeout {server.shutdown_timeout:g}): {took:.1f} s, "
+              f"{finals.count('error')} final error events, {finals.count('[DONE]')} [DONE]")
     finally:
         server.should_exit = True
         thread.join(30)
