@@ -10,13 +10,14 @@
 
 The engine thread owns the Engine: requests reach it through a command queue, deltas come back
 through each stream's asyncio queue (``loop.call_soon_threadsafe``). Tokenization and validation
-(``Engine.prepare_request``) run on the preparation thread before anything is queued, so a bad
-request raises at once. That thread is the one place where request preparation runs: a single
-worker, because HF fast tokenizers are not safe to call concurrently (the server renders its chat
-templates there too, through :meth:`AsyncEngine.run_on_prep_thread`). A stream
+(``Engine.prepare_request``) run on the preparation threads before anything is queued, so a bad
+request raises at once. Those threads are the one place where request preparation runs (the server
+renders its chat templates there too, through :meth:`AsyncEngine.run_on_prep_thread`): one worker,
+and a second under load with its own tokenizer copy (HF fast tokenizers are not safe to share
+between threads). A stream
 that is abandoned (its generator closed, its task cancelled) aborts its request, which frees its
 blocks and state slot. If the engine loop raises, the engine is dead: every stream and every later
-call gets :class:`EngineDead`. The preparation thread serves its tasks round-robin by request
+call gets :class:`EngineDead`. The preparation queue serves its tasks round-robin by request
 (:class:`catengine.prep_queue.FairPrepQueue`), so one request's work cannot starve another's.
 """
 from __future__ import annotations
@@ -62,7 +63,8 @@ class AsyncEngine:
         self._dead: EngineDead | None = None
         self._stopping = False
         self._stats: dict[str, Any] = self.engine.stats()
-        self._prep = FairPrepQueue()
+        # a second worker, started under load, tokenizes with its own copy of the tokenizer
+        self._prep = FairPrepQueue(worker_init=self.engine.tokenizer.use_private_copy)
         self._thread = threading.Thread(target=self._loop, name="catengine-engine", daemon=True)
         self._thread.start()
 

@@ -49,7 +49,8 @@ OWN_PREFIX = "catengine:"
 OWN_GAUGES = {
     "prep_tasks_waiting": ("prep_queue_tasks", "Preparation tasks (templates, tokenization) queued, not started."),
     "prep_owners_waiting": ("prep_queue_requests", "Requests with preparation tasks queued."),
-    "prep_tasks_running": ("prep_queue_running", "Preparation tasks running (0 or 1: one thread)."),
+    "prep_tasks_running": ("prep_queue_running", "Preparation tasks running (one per worker at most)."),
+    "prep_workers": ("prep_workers", "Preparation worker threads started (a second starts under load)."),
     "num_kv_blocks": ("kv_cache_blocks", "KV-cache blocks in the pool."),
     "num_free_kv_blocks": ("kv_cache_available_blocks", "KV-cache blocks free or evictable (usable now)."),
     "num_evictable_kv_blocks": ("kv_cache_evictable_blocks",

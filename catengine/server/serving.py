@@ -88,8 +88,8 @@ class ServerContext:
 
     async def run_blocking(self, fn, *args):
         """Templates and tokenization of long prompts take long enough to stall every stream if run on
-        the event loop: they run on the engine's one preparation thread (HF fast tokenizers are not
-        safe to call concurrently, so it is the same thread that prepares requests)."""
+        the event loop: they run on the engine's preparation queue, as one task of this request
+        (``prep_queue.FairPrepQueue``: turns by request, a second worker under load)."""
         return await self.engine.run_on_prep_thread(fn, *args)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:

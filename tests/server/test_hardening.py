@@ -109,20 +109,20 @@ def test_abort_counts_requests_not_sequences(async_engine):
     assert ctx.metrics.finished["abort"] == 1
 
 
-def _gate(async_engine):
-    """Hold the preparation thread until the returned event is set."""
+def _gate(async_engine, owner="gate"):
+    """Hold one preparation worker until the returned event is set."""
     started, release = threading.Event(), threading.Event()
 
     def hold():
         started.set()
-        release.wait(30)
-    future = async_engine._prep.submit(hold, owner="gate")
-    assert started.wait(10)
+        release.wait(60)
+    future = async_engine._prep.submit(hold, owner=owner)
+    assert started.wait(60)
     return release, future
 
 
 def test_preparation_takes_turns_by_request(async_engine):
-    release, gate = _gate(async_engine)
+    (release, gate), (release2, gate2) = [_gate(async_engine, owner=f"gate{i}") for i in range(2)]
     order = []
 
     async def main():
@@ -136,23 +136,43 @@ def test_preparation_takes_turns_by_request(async_engine):
         await asyncio.sleep(0.05)
         release.set()
         await asyncio.gather(big, small)
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    finally:
+        release2.set()
     gate.result(10)
+    gate2.result(10)
     assert order.index("small0") < order.index("big1"), order
+
+
+def test_a_long_task_does_not_hold_back_other_requests(async_engine):
+    """A second worker (with its own tokenizer copy) serves others while one task runs long."""
+    release, gate = _gate(async_engine, owner="long")
+    try:
+        async def main():
+            prep_owner.set("other")
+            return await asyncio.wait_for(async_engine.run_on_prep_thread(async_engine.tokenizer.encode, "hi"), 60)
+        assert asyncio.run(main()) == async_engine.tokenizer.encode("hi")
+        assert not gate.done() and async_engine.stats()["prep_workers"] == 2
+    finally:
+        release.set()
+    gate.result(10)
 
 
 def test_waiting_preparation_work_is_in_metrics(async_engine):
     ctx = make_context(async_engine)
-    release, gate = _gate(async_engine)
+    gates = [_gate(async_engine, owner=f"gate{i}") for i in range(2)]   # both workers held
     try:
         futures = [async_engine._prep.submit(time.sleep, 0, owner=owner) for owner in ("a", "a", "b")]
         text = ctx.metrics.render(ctx.engine_stats())
         assert 'catengine:prep_queue_tasks{model_name="demo"} 3.0' in text
         assert 'catengine:prep_queue_requests{model_name="demo"} 2.0' in text
-        assert 'catengine:prep_queue_running{model_name="demo"} 1.0' in text
+        assert 'catengine:prep_queue_running{model_name="demo"} 2.0' in text
     finally:
-        release.set()
-    gate.result(10)
+        for release, _ in gates:
+            release.set()
+    for _, gate in gates:
+        gate.result(10)
     for f in futures:
         f.result(10)
 
@@ -169,7 +189,7 @@ def test_evictable_kv_blocks_in_metrics(client):
 
 def test_max_waiting_requests_answers_429(async_engine):
     app = build_app(make_context(async_engine, max_waiting_requests=1))
-    release, gate = _gate(async_engine)
+    gates = [_gate(async_engine, owner=f"gate{i}") for i in range(2)]   # both workers held
 
     async def main():
         transport = httpx.ASGITransport(app=app)
@@ -177,13 +197,16 @@ def test_max_waiting_requests_answers_429(async_engine):
             first = asyncio.create_task(c.post("/v1/chat/completions", json=CHAT))
             await asyncio.sleep(0.3)      # the first waits behind the gate, in preparation
             second = await c.post("/v1/chat/completions", json=CHAT)
-            release.set()
+            for release, _ in gates:
+                release.set()
             return await first, second
     try:
         first, second = asyncio.run(main())
     finally:
-        release.set()
-    gate.result(10)
+        for release, gate in gates:
+            release.set()
+    for _, gate in gates:
+        gate.result(10)
     assert second.status_code == 429, second.text
     err = second.json()["error"]
     assert err["type"] == "RateLimitError" and "--max-waiting-requests 1" in err["message"]
