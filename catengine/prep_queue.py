@@ -10,7 +10,8 @@ small request that arrives behind a large one waits for at most one task of each
 each task bounded by the request limits (one prompt's tokenization, capped by the character check).
 
 A single task can still be long (tens of MB of text within a 256k context's character bound), so
-when a task waits while every worker is busy, a second worker starts (``max_workers``, default 2),
+when a task has waited :data:`GROW_AFTER` seconds while every worker is busy, a second worker starts
+(``max_workers``, default 2), once for the life of the queue,
 first running ``worker_init`` (the engine gives it its own tokenizer copy: fast tokenizers are not
 safe to share between threads, and they release the GIL while encoding, so the two run in parallel).
 """
@@ -25,6 +26,11 @@ from concurrent.futures import Future
 from typing import Any, Callable, Hashable
 
 log = logging.getLogger("catengine")
+
+# How long a task may wait with every worker busy before a second worker starts. Its start costs a
+# tokenizer copy (seconds, mostly holding the GIL), worth paying only for a really long task, not for
+# the ordinary turn of a busy worker.
+GROW_AFTER = 0.5
 
 # The owner of the preparation tasks submitted from this context (the server sets one per request).
 prep_owner: contextvars.ContextVar[Hashable | None] = contextvars.ContextVar("catengine_prep_owner", default=None)
@@ -41,6 +47,7 @@ class FairPrepQueue:
         self._name, self._max_workers, self._worker_init = name, max_workers, worker_init
         self._workers: list[threading.Thread] = []
         self._idle = 0
+        self._grow_timer: threading.Timer | None = None
         self._start_worker(None)
 
     def _start_worker(self, init: Callable[[], None] | None) -> None:
@@ -60,11 +67,20 @@ class FairPrepQueue:
             if self._closed:
                 raise RuntimeError("the preparation queue is shut down")
             self._queues.setdefault(owner, collections.deque()).append((future, fn, args))
-            grow = self._idle == 0 and len(self._workers) < self._max_workers and bool(self._busy)
-            if grow:
-                self._start_worker(self._worker_init)
+            if self._idle == 0 and len(self._workers) < self._max_workers and self._grow_timer is None:
+                self._grow_timer = threading.Timer(GROW_AFTER, self._maybe_grow)
+                self._grow_timer.daemon = True
+                self._grow_timer.start()
             self._cond.notify_all()
         return future
+
+    def _maybe_grow(self) -> None:
+        """A task has waited GROW_AFTER seconds with every worker busy: start another worker."""
+        with self._cond:
+            self._grow_timer = None
+            if (not self._closed and self._idle == 0 and len(self._workers) < self._max_workers
+                    and self._ready_owner() is not None):
+                self._start_worker(self._worker_init)
 
     def stats(self) -> dict[str, int]:
         """``prep_tasks_waiting`` (queued, not started), ``prep_owners_waiting`` (requests with queued
