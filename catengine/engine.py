@@ -123,14 +123,29 @@ class Engine:
         return PreparedRequest(request_id or uuid.uuid4().hex, text, ids, params, max_tokens, children, seeds,
                                time.time() if arrival_time is None else arrival_time, special_tokens_visible)
 
+    def check_prompt_chars(self, text: str) -> None:
+        """ContextTooLong, before tokenizing, for a text too long to fit ``max_model_len`` tokens
+        whatever it says (longer than ``max_model_len * Tokenizer.max_token_chars`` characters):
+        tokenizing tens of megabytes takes tens of seconds on the preparation thread."""
+        max_len = self.config.max_model_len
+        if len(text) <= max_len:   # every token is at least one character: no need for the bound
+            return
+        limit = max_len * self.tokenizer.max_token_chars
+        if len(text) > limit:
+            raise ContextTooLong(f"the prompt has {len(text)} characters, more than the {limit} that "
+                                 f"max_model_len {max_len} tokens can hold ({self.tokenizer.max_token_chars} "
+                                 "characters per token at most); shorten the prompt")
+
     def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, Mapping):
             text, ids = prompt.get("prompt"), prompt.get("prompt_token_ids")
             if ids is None:
                 if not isinstance(text, str):
                     raise InvalidRequest("a prompt dict needs 'prompt' (a string) or 'prompt_token_ids'")
+                self.check_prompt_chars(text)
                 ids = self.tokenizer.encode(text)
         elif isinstance(prompt, str):
+            self.check_prompt_chars(prompt)
             text, ids = prompt, self.tokenizer.encode(prompt)
         elif isinstance(prompt, (list, tuple)):
             text, ids = None, prompt
@@ -301,6 +316,7 @@ class Engine:
             "num_running_seqs": s.num_running, "num_waiting_seqs": s.num_waiting,
             "kv_cache_usage": s.kv_cache_usage, "num_kv_blocks": s.num_blocks,
             "num_free_kv_blocks": s.num_free_blocks, "num_cached_kv_blocks": s.num_cached_blocks,
+            "num_evictable_kv_blocks": s.num_evictable_blocks,
             "kv_capacity_tokens": self.memory_plan.kv_capacity_tokens,
             "prefix_cache_queries": s.prefix_cache_queries, "prefix_cache_hits": s.prefix_cache_hits,
             "num_preemptions": s.num_preemptions, "num_state_snapshots": s.num_state_snapshots,

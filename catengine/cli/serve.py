@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import errno
-import json
 import logging
 import os
 import re
@@ -66,10 +65,11 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from .serve_limits import add_limit_arguments, port
     p.add_argument("model_tag", nargs="?", default=None, help="model directory (like `vllm serve MODEL`)")
     add_engine_arguments(p)
     p.add_argument("--host", default="0.0.0.0", help="address to bind (default all interfaces)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=port, default=8000)
     p.add_argument("--served-model-name", nargs="+", default=None,
                    help="name(s) clients use in 'model' (default: the model path)")
     p.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY") or os.environ.get("CATENGINE_API_KEY"),
@@ -77,23 +77,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enable-auto-tool-choice", action="store_true", help="let the model decide to call tools")
     p.add_argument("--tool-call-parser", default=None, help="qwen3_coder or hermes")
     p.add_argument("--reasoning-parser", default=None, help="qwen3: split <think> into reasoning_content")
-    p.add_argument("--allowed-origins", type=_json_list, default=["*"], help='CORS origins, JSON list (["*"])')
-    p.add_argument("--allowed-methods", type=_json_list, default=["*"], help="CORS methods, JSON list")
-    p.add_argument("--allowed-headers", type=_json_list, default=["*"], help="CORS headers, JSON list")
-    p.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
+    add_limit_arguments(p)
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     serve_flags.add_server_compat_arguments(p)
     serve_flags.add_ignored_arguments(p)   # last: see its docstring
-
-
-def _json_list(text: str) -> list[str]:
-    try:
-        value = json.loads(text)
-    except ValueError:
-        value = None
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON list of strings, e.g. '[\"*\"]'")
-    return value
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -122,6 +109,7 @@ def log_ignored(args: argparse.Namespace) -> None:
 
 def server_config(args: argparse.Namespace, model_path: str):
     from ..server.reasoning import get_reasoning_parser
+    from .serve_limits import limit_config
     from ..server.serving import ServerConfig
     from ..server.tool_parsers import get_tool_parser
     reasoning_parser = args.reasoning_parser
@@ -140,13 +128,11 @@ def server_config(args: argparse.Namespace, model_path: str):
     names = tuple(args.served_model_name or [model_path])
     return ServerConfig(served_model_names=names, api_key=args.api_key or None,
                         enable_auto_tool_choice=args.enable_auto_tool_choice, tool_call_parser=args.tool_call_parser,
-                        reasoning_parser=reasoning_parser, cors_origins=tuple(args.allowed_origins),
-                        cors_methods=tuple(args.allowed_methods), cors_headers=tuple(args.allowed_headers),
-                        cors_credentials=args.allow_credentials, response_role=args.response_role,
+                        reasoning_parser=reasoning_parser, response_role=args.response_role,
                         default_chat_template_kwargs=args.default_chat_template_kwargs,
                         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
                         return_tokens_as_token_ids=args.return_tokens_as_token_ids,
-                        log_requests=not args.disable_log_requests)
+                        log_requests=not args.disable_log_requests, **limit_config(args))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -177,7 +163,8 @@ def run(args: argparse.Namespace) -> int:
         sock.close()
         print(f"catengine serve: {e}", file=sys.stderr)
         return 2
-    return serve(engine, config, args.host, args.port, args.log_level, sock=sock, ssl=ssl,
+    from .serve_limits import http_settings
+    return serve(engine, config, args.host, args.port, args.log_level, http_settings(args), sock=sock, ssl=ssl,
                  log_stats=not args.disable_log_stats)
 
 
@@ -206,11 +193,10 @@ def describe_bind_error(host: str, port: int, e: BaseException) -> str:
     return f"cannot listen on {host}:{port} ({e.strerror or e}); check --host and --port"
 
 
-def serve(engine, config, host: str, port: int, log_level: str = "info", *, sock: socket.socket | None = None,
-          ssl: dict | None = None, log_stats: bool = True) -> int:
-    import uvicorn
-
+def serve(engine, config, host: str, port: int, log_level: str = "info", http=None, *,
+          sock: socket.socket | None = None, ssl: dict | None = None, log_stats: bool = True) -> int:
     from ..server.app import build_app
+    from ..server.http_server import HttpSettings, build_server
     from ..server.serving import ServerContext
     from ..server.stats_log import StatsLogger
     ctx = ServerContext(engine, config)
@@ -219,9 +205,7 @@ def serve(engine, config, host: str, port: int, log_level: str = "info", *, sock
     cfg = engine.config
     shown = f"[{host}]" if ":" in host else host
     scheme = "https" if ssl else "http"
-    uv_config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
-                               timeout_keep_alive=30, **(ssl or {}))
-    server = uvicorn.Server(uv_config)
+    server = build_server(app, ctx, host, port, http or HttpSettings(), log_level, ssl=ssl)
     if sock is None:
         sock = listen_socket(host, port)
     print(f"catengine serving {', '.join(config.served_model_names)} ({engine.model_path}) "

@@ -76,6 +76,7 @@ class SchedulerStats:
     num_blocks: int
     num_free_blocks: int         # free + cached-but-unreferenced
     num_cached_blocks: int
+    num_evictable_blocks: int    # cached and unreferenced: reusable by a prefix hit, reclaimed when needed
     prefix_cache_queries: int    # tokens looked up (every admission counts its whole token list)
     prefix_cache_hits: int       # tokens served from the cache
     num_preemptions: int
@@ -362,7 +363,8 @@ class Scheduler:
         return SchedulerStats(
             num_running=len(self.running), num_waiting=len(self.waiting), kv_cache_usage=self.blocks.usage,
             num_blocks=self.blocks.num_blocks, num_free_blocks=self.blocks.num_available,
-            num_cached_blocks=len(self.blocks.cached), prefix_cache_queries=self.prefix_queries,
+            num_cached_blocks=len(self.blocks.cached), num_evictable_blocks=len(self.blocks.evictable),
+            prefix_cache_queries=self.prefix_queries,
             prefix_cache_hits=self.prefix_hits, num_preemptions=self.num_preemptions,
             num_state_snapshots=len(self.states.snapshots))
 

@@ -15,6 +15,7 @@ import msgspec
 
 from ..errors import InvalidRequest
 from .choices import ChatChoiceProcessor, chat_logprobs, prompt_logprobs
+from .limits import check_sequences
 from .protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
                        ChatCompletionResponse, DeltaMessage, NamedToolChoice, ResponseMessage,
                        UsageInfo)
@@ -127,6 +128,7 @@ def plan_chat(ctx: ServerContext, req: ChatCompletionRequest) -> ChatPlan:
     if req.top_logprobs is not None and not req.logprobs:
         raise InvalidRequest("top_logprobs needs \"logprobs\": true; set it or drop top_logprobs")
     check_logprobs(req.top_logprobs, "top_logprobs")
+    check_sequences(1, req.n, ctx.max_sequences)
     tools, parser, forced = _tool_setup(ctx, req)
     # --default-chat-template-kwargs under the request's own (vLLM: the request wins key by key)
     kwargs = {**(ctx.config.default_chat_template_kwargs or {}), **(req.chat_template_kwargs or {})}
@@ -140,7 +142,7 @@ def plan_chat(ctx: ServerContext, req: ChatCompletionRequest) -> ChatPlan:
             prompt += "\n</think>\n\n"
             opened, thinking = False, False
         prompt += forced
-    prompt_ids = ctx.tokenizer.encode(prompt, add_special_tokens=False)
+    prompt_ids = ctx.encode(prompt, add_special_tokens=False)
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     if requested is not None and requested < 1:
         raise InvalidRequest(f"max_completion_tokens must be at least 1, got {requested}")

@@ -19,6 +19,7 @@ import msgspec
 
 from ..errors import InvalidRequest
 from .choices import completion_logprobs, prompt_logprobs
+from .limits import check_sequences
 from .protocol import (CompletionChoice, CompletionChunk, CompletionChunkChoice, CompletionRequest,
                        CompletionResponse, UsageInfo)
 from .serving import Job, ServerContext, check_token_ids
@@ -42,25 +43,33 @@ class CompletionPlan:
         return self.request.n
 
 
-def _prompts(ctx: ServerContext, prompt: Any) -> list[tuple[str | None, list[int]]]:
-    """(text or None, token ids) per prompt."""
+def _prompt_list(ctx: ServerContext, prompt: Any) -> list[str | list[int]]:
+    """The prompts of a request, checked but not tokenized: a string or a list of token ids each."""
     if isinstance(prompt, str):
-        return [(prompt, ctx.tokenizer.encode(prompt))]
+        return [prompt]
     if not prompt:
         raise InvalidRequest("prompt is empty; send a string, a list of strings or token ids")
     if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
-        return [(None, check_token_ids(prompt, ctx.vocab_size, "prompt"))]
+        return [check_token_ids(prompt, ctx.vocab_size, "prompt")]
     if len(prompt) > MAX_PROMPTS:
         raise InvalidRequest(f"a completions batch may hold at most {MAX_PROMPTS} prompts, got {len(prompt)}")
     if all(isinstance(p, str) for p in prompt):
-        return [(p, ctx.tokenizer.encode(p)) for p in prompt]
+        return list(prompt)
     if all(isinstance(p, list) for p in prompt):
-        return [(None, check_token_ids(p, ctx.vocab_size, f"prompt[{k}]")) for k, p in enumerate(prompt)]
+        return [check_token_ids(p, ctx.vocab_size, f"prompt[{k}]") for k, p in enumerate(prompt)]
     raise InvalidRequest("prompt must be a string, a list of strings, a list of token ids or a list of token-id "
                          "lists (not a mixture)")
 
 
-def plan_completion(ctx: ServerContext, req: CompletionRequest) -> CompletionPlan:
+async def _prompts(ctx: ServerContext, prompt: Any, n: int) -> list[tuple[str | None, list[int]]]:
+    """(text or None, token ids) per prompt. Each text is tokenized as its own task on the preparation
+    thread (after the prompts x n cap), so a large batch takes turns with other requests there."""
+    prompts = _prompt_list(ctx, prompt)
+    check_sequences(len(prompts), n, ctx.max_sequences)
+    return [(p, await ctx.encode_async(p)) if isinstance(p, str) else (None, p) for p in prompts]
+
+
+async def plan_completion(ctx: ServerContext, req: CompletionRequest) -> CompletionPlan:
     check_common(req)
     check_logprobs(req.logprobs, "logprobs")
     if req.suffix is not None:
@@ -74,7 +83,7 @@ def plan_completion(ctx: ServerContext, req: CompletionRequest) -> CompletionPla
     prompt_lps = None if req.stream else req.prompt_logprobs
     if req.echo and req.logprobs is not None and prompt_lps is None:
         prompt_lps = req.logprobs
-    prompts = _prompts(ctx, req.prompt)
+    prompts = await _prompts(ctx, req.prompt, req.n)
     jobs, echoes = [], []
     base_id = ctx.new_id("cmpl")
     for k, (text, ids) in enumerate(prompts):
@@ -83,7 +92,7 @@ def plan_completion(ctx: ServerContext, req: CompletionRequest) -> CompletionPla
                               requested, room, min(DEFAULT_MAX_TOKENS, room), ctx.vocab_size)
         jobs.append(Job(base_id if len(prompts) == 1 else f"{base_id}-{k}", ids, params))
         if req.echo:
-            echoes.append(text if text is not None else ctx.tokenizer.decode(ids, skip_special_tokens=False))
+            echoes.append(text if text is not None else await ctx.decode_async(ids, skip_special_tokens=False))
         else:
             echoes.append("")
     return CompletionPlan(req, jobs, echoes, echo_only)

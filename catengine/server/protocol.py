@@ -351,7 +351,8 @@ class ErrorResponse(msgspec.Struct, kw_only=True):
 
 
 _ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
-                405: "MethodNotAllowedError", 413: "BadRequestError",
+                405: "MethodNotAllowedError", 408: "RequestTimeoutError", 413: "BadRequestError",
+                415: "BadRequestError", 429: "RateLimitError",
                 500: "InternalServerError", 503: "ServiceUnavailableError"}
 
 

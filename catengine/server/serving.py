@@ -20,6 +20,7 @@ from ..errors import CapacityExceeded, CatEngineError, EngineDead, InvalidReques
 from ..metrics import Metrics
 from ..sampling import SamplingParams
 from .choices import TokenTexts
+from .limits import Admission, sequences_limit
 from .protocol import PromptTokensDetails, UsageInfo
 
 if TYPE_CHECKING:
@@ -32,6 +33,10 @@ class ModelNotFound(CatEngineError):
     """The request names a model this server does not serve (HTTP 404)."""
 
 
+class ShuttingDown(EngineDead):
+    """The server stopped this request at its shutdown deadline (HTTP 503 / a final SSE error event)."""
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     served_model_names: tuple[str, ...]
@@ -40,7 +45,11 @@ class ServerConfig:
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     max_request_bytes: int = 32 << 20
-    cors_origins: tuple[str, ...] = ("*",)
+    max_sequences_per_request: int | None = None   # None: limits.sequences_limit's default
+    max_waiting_requests: int | None = None        # None: unbounded
+    body_timeout: float | None = 30.0              # seconds for a request body to arrive in full
+    # CORS is opt-in (--allowed-origins): with none, browsers get no CORS headers
+    cors_origins: tuple[str, ...] = ()
     cors_methods: tuple[str, ...] = ("*",)
     cors_headers: tuple[str, ...] = ("*",)
     cors_credentials: bool = False
@@ -82,12 +91,38 @@ class ServerContext:
         self.created = int(time.time())
         self.max_model_len: int = int(engine.config.max_model_len)
         self.vocab_size: int = int(engine.vocab_size)
+        self.max_sequences = sequences_limit(config.max_sequences_per_request, engine.config.max_num_seqs)
+        self.admission = Admission(config.max_waiting_requests)
+        self.stopping: str | None = None   # why in-flight requests are being stopped (shutdown deadline)
+        self._open_jobs: set[str] = set()  # engine request ids being generated
 
     async def run_blocking(self, fn, *args):
         """Templates and tokenization of long prompts take long enough to stall every stream if run on
-        the event loop: they run on the engine's one preparation thread (HF fast tokenizers are not
-        safe to call concurrently, so it is the same thread that prepares requests)."""
+        the event loop: they run on the engine's preparation queue, as one task of this request
+        (``prep_queue.FairPrepQueue``: turns by request, a second worker under load)."""
         return await self.engine.run_on_prep_thread(fn, *args)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Tokenize a prompt on the preparation thread, after the character check that refuses text
+        too long to fit the context without tokenizing it."""
+        self.engine.check_prompt_chars(text)
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    async def encode_async(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """:meth:`encode` as one task of this request on the preparation thread."""
+        return await self.run_blocking(self.encode, text, add_special_tokens)
+
+    async def decode_async(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return await self.run_blocking(self.tokenizer.decode, ids, skip_special_tokens)
+
+    def stop_all(self, reason: str) -> int:
+        """Stop every in-flight request (the shutdown deadline): each running generation ends with
+        :class:`ShuttingDown` (a 503, or a final SSE error event); returns how many were aborted."""
+        self.stopping = reason
+        ids = list(self._open_jobs)
+        for request_id in ids:
+            self._abort(request_id)
+        return len(ids)
 
     def close(self) -> None:
         """Nothing of the context's own to release: the engine owns the preparation thread and
@@ -152,14 +187,20 @@ class ServerContext:
         yet prepared are prepared first)."""
         self.check_alive()
         await self.prepare(jobs)
+        if self.stopping:
+            raise ShuttingDown(self.stopping)
         start = time.perf_counter()
         open_seqs = {(k, i) for k, job in enumerate(jobs) for i in range(job.params.n)}
         last_time: dict[tuple[int, int], float] = {}
         counted_prompt: set[int] = set()
         finished_prompt: set[int] = set()
         logs = [_RequestLog(job.request_id, len(job.prompt_ids), job.params.n) for job in jobs]
+        self._open_jobs.update(job.request_id for job in jobs)
         try:
             async for k, delta in self._merged(jobs):
+                self.admission.started()
+                if self.stopping and delta.finish_reason == "abort":
+                    raise ShuttingDown(self.stopping)
                 key = (k, delta.index)
                 now = time.perf_counter()
                 if k not in counted_prompt:   # the first delta comes after the prompt's prefill
@@ -188,13 +229,18 @@ class ServerContext:
             self.dead_reason = self.dead_reason or str(e)
             raise
         finally:
-            for k in {k for k, _ in open_seqs}:
+            self.admission.started()
+            self._open_jobs.difference_update(job.request_id for job in jobs)
+            aborted = {k for k, _ in open_seqs}
+            for k in aborted:
                 self._abort(jobs[k].request_id)
             now = time.perf_counter()
-            for k, i in open_seqs:
+            # request_success_total counts requests: one abort per unfinished prompt, not per sequence
+            for _ in aborted:
                 self.metrics.observe_finished("abort", 0, 0, now - start)
+            for k, i in open_seqs:
                 logs[k].finish(i, "abort", None)
-            for k in {k for k, _ in open_seqs}:
+            for k in aborted:
                 self._log_request(logs[k], now - start)
 
     def _log_request(self, entry: "_RequestLog", e2e: float) -> None:

@@ -5,6 +5,7 @@ Fuzz sizes: by default 120 schema-shaped bodies and 30 raw ones (a few minutes o
 ``CATENGINE_RELIABILITY_FULL=1`` 1,000 and 200 (issue 24's bar: >= 1,000 bodies, 0 5xx, 0 hangs). A body that
 takes longer than ``HANG_SECONDS`` to answer fails the example as a hang.
 """
+import asyncio
 import json
 import os
 import random
@@ -181,14 +182,23 @@ def test_defaults_from_generation_config(async_engine):
     body = {"messages": MSG, "temperature": 0, "top_k": 5, "max_tokens": 7, "max_completion_tokens": 9}
     p = plan_chat(ctx, decode_request(json.dumps(body).encode(), ChatCompletionRequest)).job.params
     assert (p.temperature, p.top_p, p.top_k, p.max_tokens) == (0.0, 0.8, 5, 9)
-    p = plan_completion(ctx, decode_request(b'{"prompt": "hi"}', CompletionRequest)).jobs[0].params
+    plan = asyncio.run(plan_completion(ctx, decode_request(b'{"prompt": "hi"}', CompletionRequest)))
+    p = plan.jobs[0].params
     assert p.max_tokens == 16 and p.temperature == 0.7
 
 
-def test_cors_preflight(client):
-    r = client.options("/v1/chat/completions", headers={"Origin": "http://ui.example",
-                                                       "Access-Control-Request-Method": "POST"})
-    assert r.status_code == 200 and r.headers["access-control-allow-origin"] in ("*", "http://ui.example")
+def test_cors_is_opt_in(client, async_engine):
+    preflight = {"Origin": "http://ui.example", "Access-Control-Request-Method": "POST"}
+    r = client.options("/v1/chat/completions", headers=preflight)
+    assert "access-control-allow-origin" not in r.headers    # no --allowed-origins: no CORS at all
+    r = post(client, "/v1/chat/completions", chat())
+    assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+    app = build_app(make_context(async_engine, cors_origins=("http://ui.example",)))
+    with TestClient(app) as c:
+        r = c.options("/v1/chat/completions", headers=preflight)
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://ui.example"
+        r = c.options("/v1/chat/completions", headers={**preflight, "Origin": "http://evil.example"})
+        assert "access-control-allow-origin" not in r.headers
 
 
 def test_unknown_fields_ignored_and_both_reasoning_names_accepted(client):

@@ -53,9 +53,10 @@ def test_generation_config_override_sets_request_defaults(async_engine):
     from catengine.server.completions import plan_completion
     from catengine.server.protocol import CompletionRequest, decode_request
     ctx = make_context(async_engine, generation_config={"temperature": 0.25})   # --generation-config vllm + override
-    p = plan_completion(ctx, decode_request(b'{"prompt": "hi"}', CompletionRequest)).jobs[0].params
+    p = asyncio.run(plan_completion(ctx, decode_request(b'{"prompt": "hi"}', CompletionRequest))).jobs[0].params
     assert p.temperature == 0.25 and p.top_k in (0, -1, None) and p.top_p == 1.0   # the model's 0.8 / 20 not used
-    p = plan_completion(ctx, decode_request(b'{"prompt": "hi", "temperature": 1}', CompletionRequest)).jobs[0].params
+    p = asyncio.run(plan_completion(ctx, decode_request(b'{"prompt": "hi", "temperature": 1}',
+                                                    CompletionRequest))).jobs[0].params
     assert p.temperature == 1.0
 
 
