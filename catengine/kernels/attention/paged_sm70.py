@@ -38,7 +38,7 @@ from . import DEFAULT_BLOCK_SIZE
 from .decode import split_reduce_kernel
 from .launch import num_decode_splits
 from ..common.mma884 import (a_layout, a_smem_shape, b_layout, b_smem_shape, frag_layout, mma884, smem_layout,
-                             stage_index, stage_layout_a, stage_layout_b)
+                             stage_index, stage_layout_a, stage_layout_b, tile_check)
 
 
 @gluon.jit
@@ -88,16 +88,18 @@ def paged_attn_sm70_kernel(q, k_cache, v_cache, out, gate, part_o, part_ml, bloc
                            stride_qt, stride_qh, stride_ot, stride_oh, stride_gt, stride_gh,
                            stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
                            D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, WM: gl.constexpr,
+                           WN: gl.constexpr,
                            FP8: gl.constexpr, HAS_GATE: gl.constexpr, SPLIT: gl.constexpr):
-    # warps split the rows only (WN = 1): the softmax row reductions stay inside a warp
+    # WM x WN warps over rows x columns of both tiles (S [BLOCK_M, BLOCK_N], O [BLOCK_M, D]): WN > 1 splits the keys
+    # of QK^T and the head dims of PV, and the softmax's row reductions then cross warps
     MB: gl.constexpr = BLOCK_M // 8
     NB: gl.constexpr = BLOCK_N // 8
     ND: gl.constexpr = D // 8
-    LF: gl.constexpr = frag_layout(WM, 1)
-    LA: gl.constexpr = stage_layout_a(WM)
-    LB: gl.constexpr = stage_layout_b(WM)
-    LAF: gl.constexpr = a_layout(WM, 1)
-    LBF: gl.constexpr = b_layout(WM, 1)
+    LF: gl.constexpr = frag_layout(WM, WN)
+    LA: gl.constexpr = stage_layout_a(WM * WN)
+    LB: gl.constexpr = stage_layout_b(WM * WN)
+    LAF: gl.constexpr = a_layout(WM, WN)
+    LBF: gl.constexpr = b_layout(WM, WN)
 
     i_qt = NUM_QT - 1 - gl.program_id(0)      # the longest rows first
     i_bk = gl.program_id(1)
@@ -213,20 +215,28 @@ def paged_attn_sm70_kernel(q, k_cache, v_cache, out, gate, part_o, part_ml, bloc
 # ---------------------------------------------------------------- host side
 @dataclass(frozen=True)
 class Sm70Attn:
-    """One launch of the HMMA.884 attention: BLOCK_M rows on BLOCK_M // 16 warps, BLOCK_N keys per step."""
+    """One launch of the HMMA.884 attention: block_m rows, block_n keys per step, on wm x wn warps (rows x
+    columns of the S and O tiles)."""
     block_m: int
     block_n: int
+    wm: int
+    wn: int
     ctas_per_sm: int = 1    # resident programs per SM at this shared memory (decode sizes its splits to fill them)
 
     @property
     def num_warps(self) -> int:
-        return self.block_m // 16
+        return self.wm * self.wn
 
     def check(self, d: int, g: int) -> None:
         """A tile the kernel runs at head dim d for groups of g heads, within a V100 block's shared memory."""
         if self.block_m not in (16, 32, 64, 128) or self.block_n not in (16, 32, 64, 128) or self.block_m < g:
             raise KernelContractError(f"sm_70 attention tile {self}: block_m and block_n must be 16/32/64/128 and "
                                       f"block_m must hold the {g} query heads of a group")
+        try:   # the S tile, and the O tile [block_m, d] on the same warps
+            tile_check(self.block_m, self.block_n, 8, self.wm, self.wn)
+            tile_check(self.block_m, d, 8, self.wm, self.wn)
+        except ValueError as e:
+            raise KernelContractError(f"sm_70 attention tile {self} at head_dim {d}: {e}") from None
         if self.smem_bytes(d) > _SM70_SMEM:
             raise KernelContractError(f"sm_70 attention tile {self} at head_dim {d} needs {self.smem_bytes(d)} bytes "
                                       f"of shared memory, over the V100's {_SM70_SMEM}; use a smaller block_m or "
@@ -237,21 +247,29 @@ class Sm70Attn:
         return 2 * (self.block_m * d + 2 * self.block_n * d + self.block_m * self.block_n)
 
 
-# head_dim -> launch, from the V100's 96 KB of shared memory per SM (and per block) and 255 registers per lane.
-# Each warp owns 16 rows, so O costs d / 2 fp32 registers per lane whatever the tile: 128 at d = 256, which with
-# S, the fragments and addresses is most of the 255, hence no register prefetch of the next K/V tile. Prefill
-# d = 256: 64 rows x 32 keys is 68 KB (BLOCK_N 64 would be 104 KB, 128 rows x 32 keys 100 KB); d = 128: 128 x 64,
-# 80 KB, 8 warps; d = 64: 128 x 64, 48 KB, two programs per SM. Decode: the tile is as many rows as the group's
-# heads x query positions (16 to 64), the split count fills the SMs' program slots at that shared memory.
-PREFILL_SM70 = {64: Sm70Attn(128, 64, 2), 128: Sm70Attn(128, 64), 256: Sm70Attn(64, 32)}
-DECODE_SM70_N = {64: 64, 128: 64, 256: 32}
+# head_dim -> launch, from the V100's 96 KB of shared memory per SM (and per block), 64K registers per SM and 255 per
+# lane. O costs block_m * d / (32 * warps) fp32 registers per lane: at d = 256 and 16 rows per warp that is 128, which
+# with S, the fragments and the K/V loads in flight spilled (ptxas), so d = 256 puts 2 warps on the columns (wn: keys
+# of S, head dims of O) for 64 per lane. Prefill d = 256: 64 rows x 32 keys is 68 KB (BLOCK_N 64 would be 104 KB,
+# 128 rows x 32 keys 100 KB), 8 warps; d = 128: 128 x 64, 80 KB, 8 warps; d = 64: 128 x 64, 48 KB, two programs per
+# SM. Decode (:func:`decode_launch`): as many rows as the group's heads x query positions.
+PREFILL_SM70 = {64: Sm70Attn(128, 64, 8, 1, 2), 128: Sm70Attn(128, 64, 8, 1), 256: Sm70Attn(64, 32, 4, 2)}
+DECODE_SM70_N = (64, 32)    # decode key tiles, the longest that fits
 _SM70_SMEM = 96 * 1024
 
 
 def decode_launch(d: int, rows: int) -> Sm70Attn:
-    """Decode tile for ``rows`` = G x q_len query rows: 16 rows per warp, up to 64 rows (4 warps)."""
-    bm = max(16, 1 << (max(rows, 1) - 1).bit_length())
-    c = Sm70Attn(bm, DECODE_SM70_N[d])
+    """Decode tile for ``rows`` = G x q_len query rows (16, 32 or 64; at d = 256 at least 32, for 8 warps): 4 warps,
+    8 at d = 256 or 64 rows, the columns split over the warps the rows leave, the longest key tile within 96 KB.
+    The K/V tile in flight costs block_n * d / (32 * warps) fp16 per lane and operand: at d = 256 with 4 warps, 64
+    of them, and ptxas spilled. Extra rows cost only tensor-core time, which decode has to spare (it waits on
+    memory). The split count then fills the SMs' program slots at this shared memory."""
+    bm = max(32 if d == 256 else 16, 1 << (max(rows, 1) - 1).bit_length())
+    warps = 8 if d == 256 or bm >= 64 else 4
+    wm = bm // 16
+    wn = max(1, warps // wm)
+    c = next(Sm70Attn(bm, bn, wm, wn) for bn in DECODE_SM70_N
+             if bn % (16 * wn) == 0 and Sm70Attn(bm, bn, wm, wn).smem_bytes(d) <= _SM70_SMEM)
     return replace(c, ctas_per_sm=max(1, min(8, _SM70_SMEM // c.smem_bytes(d))))
 
 
@@ -305,7 +323,7 @@ def paged_attention_sm70(q, k_cache, v_cache, block_tables, seq_lens, query_star
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), g_arg.stride(0), g_arg.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
-        D=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, WM=cfg.num_warps, FP8=k_cache.dtype == torch.uint8,
+        D=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, WM=cfg.wm, WN=cfg.wn, FP8=k_cache.dtype == torch.uint8,
         HAS_GATE=has_gate, SPLIT=split, num_warps=cfg.num_warps)
     if split:
         split_reduce_kernel[(t, nh, d // REDUCE_BLOCK_D)](
@@ -323,19 +341,19 @@ def _signature(kv: str) -> dict:
                  "stride_gt", "stride_gh", "stride_kb", "stride_ks", "stride_kh", "stride_vb", "stride_vs",
                  "stride_vh", "stride_bt"):
         sig[name] = "i32"
-    sig.update({c: "constexpr" for c in ("BS", "D", "BLOCK_M", "BLOCK_N", "WM", "FP8", "HAS_GATE", "SPLIT")})
+    sig.update({c: "constexpr" for c in ("BS", "D", "BLOCK_M", "BLOCK_N", "WM", "WN", "FP8", "HAS_GATE", "SPLIT")})
     return sig
 
 
 def aot_configs(cc: int) -> list[AotConfig]:
-    """Every head dim's prefill launch and its decode launch (16 rows: groups up to 16 heads x 1 position), and at
-    d = 256 also 32 and 64 rows (6 heads x 5 speculative positions, 8 x 8) and the unsplit decode, for both cache
-    dtypes, gated, at the default block size (the same source at other sizes: compile time on CI is the limit).
+    """Every head dim's prefill launch and its decode launches for 6 rows (a 6:1 group) and 40 (8 heads x 5
+    speculative positions), at d = 256 also unsplit, for both cache dtypes, gated, at the default block size (other
+    sizes compile the same source; CI's compile time is the limit).
     The kernel is arch-neutral Gluon: the same list builds for sm_90 (the H200 runs it emulated)."""
     out = []
 
     def add(c: Sm70Attn, d: int, kv: str, split: bool, name: str):
-        consts = dict(BS=DEFAULT_BLOCK_SIZE, D=d, BLOCK_M=c.block_m, BLOCK_N=c.block_n, WM=c.num_warps,
+        consts = dict(BS=DEFAULT_BLOCK_SIZE, D=d, BLOCK_M=c.block_m, BLOCK_N=c.block_n, WM=c.wm, WN=c.wn,
                       FP8=kv == "u8", HAS_GATE=True, SPLIT=split)
         out.append(AotConfig("paged_attn_sm70_kernel", _signature(kv), consts, c.num_warps, 1,
                              f"sm70 {name} d{d} kv {kv} {c.block_m}x{c.block_n} split {split}"))
@@ -343,7 +361,7 @@ def aot_configs(cc: int) -> list[AotConfig]:
     for d in (64, 128, 256):
         for kv in ("fp16", "u8"):
             add(PREFILL_SM70[d], d, kv, False, "prefill")
-            for rows in ((6, 30, 64) if d == 256 else (6,)):
+            for rows in (6, 40):
                 add(decode_launch(d, rows), d, kv, True, "decode")
             if d == 256:
                 add(decode_launch(d, 6), d, kv, False, "decode")

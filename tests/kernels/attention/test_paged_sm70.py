@@ -16,8 +16,8 @@ import torch
 
 from catengine.errors import KernelContractError
 from catengine.kernels.attention import paged, paged_sm70
-from catengine.kernels.attention.paged_sm70 import (DECODE_SM70_N, PREFILL_SM70, Sm70Attn, decode_launch,
-                                                    paged_attention_sm70, sm70_applies)
+from catengine.kernels.attention.paged_sm70 import (PREFILL_SM70, Sm70Attn, decode_launch, paged_attention_sm70,
+                                                    sm70_applies)
 
 from .test_attention import assert_close, make_case
 
@@ -61,12 +61,17 @@ def test_launch_table_fits_a_v100_block():
     for d, c in PREFILL_SM70.items():
         c.check(d, 8)
         assert c.smem_bytes(d) <= V100_SMEM
-    for d in DECODE_SM70_N:
+    for d in (64, 128, 256):
         for rows in (1, 6, 8, 16, 30, 40, 64):
             c = decode_launch(d, rows)
             c.check(d, min(rows, 8))
-            assert c.block_m >= rows and c.block_m == max(16, 1 << (rows - 1).bit_length())
+            assert c.block_m >= rows and c.block_m in (max(16, 1 << (rows - 1).bit_length()), 32)
             assert c.ctas_per_sm * c.smem_bytes(d) <= V100_SMEM
+    # 27B decode (6 heads), speculative 6 x 5 and 8 x 5 rows: 8 warps at d 256, 4 below; the key tile that fits
+    assert decode_launch(256, 6) == Sm70Attn(32, 64, 2, 4, 1)
+    assert decode_launch(256, 30) == Sm70Attn(32, 64, 2, 4, 1)
+    assert decode_launch(256, 40) == Sm70Attn(64, 32, 4, 2, 1)
+    assert decode_launch(64, 6) == Sm70Attn(16, 64, 1, 4, 4)
 
 
 def test_contract_errors():
@@ -78,11 +83,13 @@ def test_contract_errors():
     with pytest.raises(KernelContractError, match="CUDA only"):             # no Gluon interpreter
         paged_attention_sm70(case["q"], *args)
     with pytest.raises(KernelContractError, match="shared memory"):          # 147 KB at d = 256
-        Sm70Attn(128, 64).check(256, 6)
+        Sm70Attn(128, 64, 8, 1).check(256, 6)
     with pytest.raises(KernelContractError, match="query heads"):            # a group of 24 in 16 rows
-        Sm70Attn(16, 32).check(128, 24)
+        Sm70Attn(16, 32, 1, 1).check(128, 24)
     with pytest.raises(KernelContractError, match="16/32/64/128"):
-        Sm70Attn(48, 32).check(64, 6)
+        Sm70Attn(48, 32, 3, 1).check(64, 6)
+    with pytest.raises(KernelContractError, match="BN % "):                   # 32 keys on 4 column warps
+        Sm70Attn(16, 32, 1, 4).check(256, 6)
 
 
 # ----------------------------------------------------------------------------- GPU
