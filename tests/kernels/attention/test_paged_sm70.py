@@ -210,6 +210,18 @@ def test_gpu_tiny_prefill():
 
 
 @pytest.mark.gpu
+def test_gpu_tiny_multi_tile():
+    """Two query tiles (150 rows of 128) over three key tiles (64 keys), then a 6:1 group with a cached prefix:
+    what the one-tile case above does not reach (the loop-carried softmax state, tok0 > 0, G > 1)."""
+    case = make_case([150], [150], 1, 1, 64, 16, torch.float16, gen=torch.Generator().manual_seed(2))
+    got, want = run_sm70(case, gated=False)
+    assert_close_rows(got, want)
+    case = make_case([20], [30], 6, 1, 64, 16, torch.float16, gen=torch.Generator().manual_seed(3))
+    got, want = run_sm70(case, gated=False)
+    assert_close_rows(got, want)
+
+
+@pytest.mark.gpu
 def test_gpu_tiny_decode():
     """One decode row over 40 keys, one head, d 64, fp16, unsplit and split in two."""
     case = make_case([1], [40], 1, 1, 64, 16, torch.float16, gen=torch.Generator().manual_seed(1))
