@@ -28,6 +28,15 @@ from .test_attention import assert_close, make_case
 V100_SMEM = 96 * 1024
 
 
+class _Launcher:
+    """Stands in for a Triton kernel: ``k[grid](*args, **consts)`` records the tile it was launched with."""
+    def __init__(self, seen):
+        self.seen = seen
+
+    def __getitem__(self, grid):
+        return lambda *a, **k: self.seen.append(k["BLOCK_M"])
+
+
 def _fake(dtype, d=256, device="cuda"):
     return SimpleNamespace(dtype=dtype, shape=(3, 6, d), device=torch.device(device))
 
@@ -60,8 +69,10 @@ def test_dispatch_under_catengine_arch_70(monkeypatch):
             case["query_start_loc"], 0.125, 3, 9)
     assert paged.paged_attention_with(*args, num_splits=2) == "sm70"
     assert seen == [70] and calls == [{"num_splits": 2}]
+    launched = []
+    monkeypatch.setattr(paged, "paged_attn_kernel", _Launcher(launched))     # the tl.dot kernel, not run here
     got = paged.paged_attention_with(*args, cfg=paged.table_launch(70, 64, False, False))
-    assert torch.is_tensor(got) and len(calls) == 1
+    assert torch.is_tensor(got) and len(calls) == 1 and launched == [64]
 
 
 def test_launch_table_fits_a_v100_block():
