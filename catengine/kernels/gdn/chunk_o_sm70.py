@@ -107,7 +107,8 @@ def gdn_chunk_o_sm70_kernel(q, k, vn, hb, g, kn, o, vec, qsl, cu_chunks, c_lo, B
         LA: gl.constexpr = stage_layout_a(NW)
         LB: gl.constexpr = stage_layout_b(NW)
         LF: gl.constexpr = frag_layout(WM, WN)
-        p_vec = vec + ((gl.program_id(0) * HV + i_h) * gl.num_programs(2) + i_v).to(gl.int64) * 128
+        # indexed by the global chunk: windows of the same launch list never share a slot
+        p_vec = vec + ((i_c.to(gl.int64) * HV + i_h) * gl.num_programs(2) + i_v) * 128
         _vectors(q, g, p_vec, t, eos, i_h, i_hk, scale, stride_q_t, stride_q_h, stride_g_t, K, BK, USE_L2NORM, NW)
 
         # q staging [(step, mb), h, l, k] (A map: row 8 mb + 4 h + l); k^T as the B operand: its column is the
@@ -181,6 +182,12 @@ def gdn_chunk_o_sm70_kernel(q, k, vn, hb, g, kn, o, vec, qsl, cu_chunks, c_lo, B
                  mask=((t + rows_o) < eos) & (c_o < V))
 
 
+def o_hmma_applies(table, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether the split form's output stage runs here: a row with ``o_hmma`` (sm_70), fp16 (the operands the
+    tensor cores take; sm_70 has no bf16), on CUDA (Gluon has no interpreter)."""
+    return bool(table.o_hmma) and dtype == torch.float16 and device.type == "cuda"
+
+
 def check_o_sm70(q, bv: int) -> None:
     """The sm_70 output kernel's contract: fp16 (sm_70 has no bf16; the tensor-core operands are fp16) and a
     dv block the 2 x 2 warp tile covers."""
@@ -191,6 +198,27 @@ def check_o_sm70(q, bv: int) -> None:
                                   f"got {q.device}")
     tile = Tile884(64, bv, 8, SM70_O_TILE.WM, SM70_O_TILE.WN)
     tile.check()
+
+
+def output_launch(q, k, vn, hb, g, kn, o, qsl, cu_chunks, scale: float, use_l2norm: bool, nb: int, nt: int):
+    """The launch of the split's output stage over a window of chunks [c_lo, c_hi) (the host side's ``out``):
+    q, k [T, Hk, dk] fp16, v_new [T, Hv, dv], the chunk start states hb [nt, Hv, dk, dv], g [T, Hv] fp32 (per
+    token, not cumulative), kn [T, Hv] fp32 (1 / |k|), o [T, Hv, dv]; cu_chunks [nb + 1] int32 chunk offsets."""
+    from .table import pad
+    dk, (hv, dv), r = q.shape[2], vn.shape[1:], vn.shape[1] // q.shape[1]
+    bv = o_block(pad(dv))
+    check_o_sm70(q, bv)
+    nvb = -(-dv // bv)
+    vec = torch.empty((max(nt, 1), hv, nvb, 128), dtype=torch.float32, device=o.device)  # per-row vectors
+    t = SM70_O_TILE
+
+    def out(c_lo=0, c_hi=nt):
+        gdn_chunk_o_sm70_kernel[(c_hi - c_lo, hv, nvb)](
+            q, k, vn, hb, g, kn, o, vec, qsl, cu_chunks, c_lo, nb, hv, r, scale, q.stride(0), q.stride(1),
+            k.stride(0), k.stride(1), g.stride(0), o.stride(0), o.stride(1), K=dk, V=dv, BK=pad(dk), BV=bv,
+            USE_L2NORM=use_l2norm, WM=t.WM, WN=t.WN, num_warps=t.num_warps)
+
+    return out
 
 
 def aot_configs(cc: int) -> list[AotConfig]:
