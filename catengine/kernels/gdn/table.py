@@ -53,6 +53,8 @@ class GDNTable:
     # split: the output stage on the tensor cores' m8n8k4 (chunk_o_sm70, Gluon) for fp16 on CUDA, instead of
     # the tl.dot kernel (FMA on sm_70 from Triton 3.3 on)
     o_hmma: bool = False
+    # split: the serial state stage likewise (chunk_h_sm70: w S and k^T v_new, the state in fp32 registers)
+    h_hmma: bool = False
 
 
 TABLE = {
@@ -67,7 +69,8 @@ TABLE = {
     # 1.0 of 512 teacher-forced tokens (tests/test_arch70_gpu.py). Its speed on a V100 is unknown either way.
     70: GDNTable(wy_warps=4, wy_dot="ieee", h_bv=32, h_warps=4, h_stages=1, o_bv=32, o_warps=4, o_stages=1,
                  scan_bv=64, scan_warps=8, scan_stages=2, rec_bv=32, rec_warps=4, prefill="scan",
-                 overlap_max_programs=4096, scan_overlap_max_programs=80, o_hmma=True),
+                 overlap_max_programs=4096, scan_overlap_max_programs=80, o_hmma=True,
+                 h_hmma=True),
     # sm_90, H200, 2026-12-01 (bench_gdn.py, whole op, ms at 1 x 8K / 1 x 64K / 8 x 4K ragged; sweep rows
     # checked against the table's output). This row with h 2 stages and o 8 warps: split 0.95 / 6.23 / 3.05,
     # scan 1.11 / 7.90 / 3.63,
