@@ -1,10 +1,11 @@
-"""The split form's output stage on HMMA.884 (gdn/chunk_o_sm70.py): its choice on the sm_70 row, its contract and
-its torch twin (naive.chunk_output) on CPU; with -m gpu the kernel against the twin and the whole
-chunk_gated_delta_rule on the sm_70 row (split form) against naive.py. mma.m8n8k4 is emulated on the H200, so
-the GPU shapes are small.
+"""The split form's stages on HMMA.884 (gdn/chunk_o_sm70.py output, gdn/chunk_h_sm70.py state): their choice on
+the sm_70 row, their contract and the output stage's torch twin (naive.chunk_output) on CPU; with -m gpu the
+output kernel against the twin and the whole chunk_gated_delta_rule on the sm_70 row (split form; output stage
+alone, then both) against naive.py. mma.m8n8k4 is emulated on the H200, so the GPU shapes are small.
 
-Tolerances as test_gated_delta_rule.py: fp16 operands with fp32 accumulation, one rounding of the A tile
-(q k^T * decay) to fp16 before A v_new as in the tl.dot kernel: relative Frobenius error < 5e-3.
+Tolerances as test_gated_delta_rule.py: fp16 operands with fp32 accumulation; as in the tl.dot kernels, the A
+tile (q k^T * decay), the state and v_new * f are rounded to fp16 once before their next product: relative
+Frobenius error < 5e-3.
 """
 import dataclasses
 import json
@@ -19,6 +20,7 @@ from catengine.errors import KernelContractError
 from catengine.kernels.gdn import chunk as gdr
 from catengine.kernels.gdn import naive as ref
 from catengine.kernels.gdn import table as gdn_table
+from catengine.kernels.gdn.chunk_h_sm70 import h_hmma_applies
 from catengine.kernels.gdn.chunk_o_sm70 import check_o_sm70, o_block, o_hmma_applies, output_launch
 
 from .test_gated_delta_rule import _case, _qsl, _rel
@@ -26,10 +28,14 @@ from .test_gated_delta_rule import _case, _qsl, _rel
 FP16_TOL = 5e-3
 
 
-def test_only_the_sm70_row_takes_the_hmma_output():
-    assert gdn_table.TABLE[70].o_hmma
-    assert not gdn_table.TABLE[80].o_hmma and not gdn_table.TABLE[90].o_hmma
+def test_only_the_sm70_row_takes_the_hmma_stages():
+    assert gdn_table.TABLE[70].o_hmma and gdn_table.TABLE[70].h_hmma
+    assert not any(gdn_table.TABLE[a].o_hmma or gdn_table.TABLE[a].h_hmma for a in (80, 90))
     cuda = torch.device("cuda")
+    assert h_hmma_applies(gdn_table.TABLE[70], torch.float16, cuda)
+    assert not h_hmma_applies(gdn_table.TABLE[70], torch.bfloat16, cuda)
+    assert not h_hmma_applies(gdn_table.TABLE[70], torch.float16, torch.device("cpu"))
+    assert not h_hmma_applies(gdn_table.TABLE[90], torch.float16, cuda)
     assert o_hmma_applies(gdn_table.TABLE[70], torch.float16, cuda)
     assert not o_hmma_applies(gdn_table.TABLE[70], torch.bfloat16, cuda)
     assert not o_hmma_applies(gdn_table.TABLE[70], torch.float32, cuda)
@@ -38,12 +44,13 @@ def test_only_the_sm70_row_takes_the_hmma_output():
 
 
 def test_catengine_arch_70_picks_it_for_a_cuda_device():
-    """Under the switch a CUDA device gets the sm_70 row and so the HMMA output (no GPU needed to ask)."""
+    """Under the switch a CUDA device gets the sm_70 row and so both HMMA stages (no GPU needed to ask)."""
     code = ("import json, torch\n"
             "from catengine.kernels.gdn.table import device_table\n"
             "from catengine.kernels.gdn.chunk_o_sm70 import o_hmma_applies\n"
-            "t = device_table(torch.device('cuda'))\n"
-            "print(json.dumps([t.o_hmma, o_hmma_applies(t, torch.float16, torch.device('cuda'))]))\n")
+            "from catengine.kernels.gdn.chunk_h_sm70 import h_hmma_applies\n"
+            "t, d = device_table(torch.device('cuda')), torch.device('cuda')\n"
+            "print(json.dumps([o_hmma_applies(t, torch.float16, d), h_hmma_applies(t, torch.float16, d)]))\n")
     env = {**os.environ, "CATENGINE_ARCH": "70"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -97,27 +104,40 @@ def test_output_kernel_gpu_matches_twin(dk, lens, l2):
     assert e < FP16_TOL
 
 
+# (o on HMMA, h on HMMA, dk, lens, Hk, Hv / Hk): every case of the output stage alone first, so that -x names
+# the stage that fails; 33 chunks of one sequence are cut into windows on side streams (the state kernel
+# continues from the slot after the first window)
+SPLIT_CASES = [(o, h, *shape) for o, h in ((True, False), (True, True))
+               for shape in ((128, [1, 63, 130, 65], 1, 2), (32, [70, 5, 129], 2, 2), (32, [2100], 1, 2))]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("dk,lens,hk,r", [(128, [1, 63, 130, 65], 1, 2), (32, [70, 5, 129], 2, 2)])
-def test_chunk_gated_delta_rule_gpu_sm70_split(dk, lens, hk, r):
-    """The whole op on the sm_70 row in the split form (the row's own form is the scan), so that its output
-    stage is chunk_o_sm70. Its serial state kernel takes the sm_90 row's dv block / warps / stages: the sm_70
-    row's 1-stage build hit an illegal address on the H200 (table.py), which this test is not about."""
+@pytest.mark.parametrize("o_hmma,h_hmma,dk,lens,hk,r", SPLIT_CASES)
+def test_chunk_gated_delta_rule_gpu_sm70_split(o_hmma, h_hmma, dk, lens, hk, r):
+    """The whole op on the sm_70 row in the split form (the row's own form is the scan), so that its stages
+    are chunk_o_sm70 (and chunk_h_sm70). Without h_hmma the serial state kernel takes the sm_90 row's dv block /
+    warps / stages: the sm_70 row's 1-stage tl.dot build hit an illegal address on the H200 (table.py), which
+    this test is not about."""
+    names = ["wy+h+o overlapped"] if len(lens) == 1 else ["offsets", "wy", "h", "o"]
+    _sm70_split_check(dk, lens, hk, r, o_hmma, h_hmma, names)
+
+
+def _sm70_split_check(dk, lens, hk, r, o_hmma, h_hmma, names):
     gen = torch.Generator().manual_seed(dk + 11)
     q, k, v, g, beta, ssm, qsl, slots, has = _case(lens, hk, r, dk, dk, torch.float16, gen, device="cuda")
     has = torch.tensor([i % 2 == 0 for i in range(len(lens))], device="cuda")   # with and without a state
     h90 = gdn_table.TABLE[90]
     table = dataclasses.replace(gdn_table.TABLE[70], prefill="split", h_bv=h90.h_bv, h_warps=h90.h_warps,
-                                h_stages=h90.h_stages)
-    assert o_hmma_applies(table, q.dtype, q.device)
+                                h_stages=h90.h_stages, o_hmma=o_hmma, h_hmma=h_hmma)
+    assert o_hmma_applies(table, q.dtype, q.device) and h_hmma_applies(table, q.dtype, q.device) == h_hmma
     scale = dk ** -0.5
     ssm_ref = ssm.clone()
     o_ref = ref.chunk_gated_delta_rule(q, k, v, g, beta, ssm_ref, qsl, slots, has, scale)
     o, steps = gdr.chunk_steps(q, k, v, g, beta, ssm, qsl, slots, has, scale, table=table)
-    assert [n for n, _ in steps] == ["offsets", "wy", "h", "o"]
+    assert [n for n, _ in steps] == names
     for _, launch in steps:
         launch()
     torch.cuda.synchronize()
     e_o, e_s = _rel(o, o_ref), _rel(ssm, ssm_ref)
-    print(f"\nsm_70 split dk={dk} lens={lens}: rel err o {e_o:.2e} state {e_s:.2e}")
+    print(f"\nsm_70 split o_hmma={o_hmma} h_hmma={h_hmma} dk={dk} lens={lens}: rel err o {e_o:.2e} state {e_s:.2e}")
     assert e_o < FP16_TOL and e_s < FP16_TOL
