@@ -91,7 +91,8 @@ def test_output_twin_matches_the_tl_dot_kernel():
 
 # ---------------------------------------------------------------- GPU (mma.m8n8k4 emulated on the H200: small)
 @pytest.mark.gpu
-@pytest.mark.parametrize("dk,lens,l2", [(128, [1, 63, 130, 64], True), (32, [70, 5], True), (32, [100], False)])
+# (the op's cases below run dk = 32 with the l2 norm; without it here: one build fewer in the GPU run)
+@pytest.mark.parametrize("dk,lens,l2", [(128, [1, 63, 130, 64], True), (32, [70, 5, 100], False)])
 def test_output_kernel_gpu_matches_twin(dk, lens, l2):
     gen = torch.Generator().manual_seed(dk + len(lens))
     (q, k, vn, hb, g, kn, qsl, cu), nt = _stage_inputs(lens, 1, 2, dk, dk, gen, device="cuda")
