@@ -72,7 +72,7 @@ def _vectors(q, g, vec, t, eos, i_h, i_hk, scale, stride_q_t, stride_q_h, stride
         b_q = gl.load(p_q, mask=gl.expand_dims(m_r, 1) & gl.expand_dims(o_k < K, 0), other=0.0).to(gl.float32)
         b_s = scale * gl.rsqrt(gl.sum(b_q * b_q, 1) + 1e-6)
     else:
-        b_s = gl.full([64], scale, gl.float32, layout=gl.SliceLayout(1, L2))
+        b_s = gl.zeros([64], gl.float32, layout=gl.SliceLayout(1, L2)) + scale
     gl.store(vec + 64 + o_r, b_s)
 
 
