@@ -189,8 +189,8 @@ def o_hmma_applies(table, dtype: torch.dtype, device: torch.device) -> bool:
 
 
 def check_o_sm70(q, bv: int) -> None:
-    """The sm_70 GDN kernels' contract (output and state stages): fp16 (sm_70 has no bf16; the tensor-core operands are fp16) and a
-    dv block the 2 x 2 warp tile covers."""
+    """The sm_70 GDN kernels' contract (output and state stages): fp16 (sm_70 has no bf16; the tensor-core
+    operands are fp16), on CUDA, and a dv block the 2 x 2 warp tile covers."""
     if q.dtype != torch.float16:
         raise KernelContractError(f"the sm_70 GDN kernels take fp16 q, k, v (sm_70 has no bf16), got {q.dtype}")
     if q.device.type != "cuda":
