@@ -143,3 +143,15 @@ def _sm70_split_check(dk, lens, hk, r, o_hmma, h_hmma, names):
     e_o, e_s = _rel(o, o_ref), _rel(ssm, ssm_ref)
     print(f"\nsm_70 split o_hmma={o_hmma} h_hmma={h_hmma} dk={dk} lens={lens}: rel err o {e_o:.2e} state {e_s:.2e}")
     assert e_o < FP16_TOL and e_s < FP16_TOL
+
+
+def test_doctor_reports_the_gdn_path_the_sm70_row_runs(monkeypatch):
+    """The HMMA.884 stages exist, but `catengine doctor` says HMMA.884 for the GDN prefill only once the sm_70
+    row runs the split form (its own form is the scan, all FMA)."""
+    from catengine.tools import doctor
+    facts = {"gpus": [{"cc": 70}], "catengine_arch": {"forced": None}, "triton": {"version": "3.6.0"},
+             "kernels_env": ""}
+    path = doctor.op_paths(facts)["chunk_gated_delta_rule"]["path"]
+    assert gdn_table.TABLE[70].prefill == "scan" and path.startswith("tl.dot -> FMA") and "scan" in path
+    monkeypatch.setitem(gdn_table.TABLE, 70, dataclasses.replace(gdn_table.TABLE[70], prefill="split"))
+    assert doctor.op_paths(facts)["chunk_gated_delta_rule"]["path"] == "HMMA.884 Gluon"
