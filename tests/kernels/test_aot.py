@@ -22,6 +22,8 @@ AOT_MODULES = (
     "catengine.kernels.common.gemm884",
     "catengine.kernels.w4a16.gemm_sm70",
     "catengine.kernels.attention.paged_sm70",
+    "catengine.kernels.gdn.chunk_o_sm70",
+    "catengine.kernels.gdn.chunk_h_sm70",
 )
 
 
