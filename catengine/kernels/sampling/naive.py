@@ -62,3 +62,13 @@ def sample_tokens(logits, temperature, top_k, top_p, min_p, seeds, steps):
     score = torch.where(keep, probs / -torch.log(u), torch.full_like(probs, -1.0))
     sampled = score.argmax(-1)
     return torch.where(greedy, logits.argmax(-1), sampled)
+
+
+def apply_token_bitmask(logits, bitmask, rows):
+    """Structured outputs' mask, in place: ``logits[rows[i], t] = -inf`` wherever bit ``t % 32`` of
+    ``bitmask[i, t // 32]`` is 0 (xgrammar's layout: little-endian bits in int32 words). logits [B, V]
+    fp32 (other rows untouched); bitmask [R, W] int32 with 32 * W >= V; rows [R] int64, distinct."""
+    V = logits.shape[1]
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).reshape(bitmask.shape[0], -1)[:, :V].bool()
+    logits[rows] = logits[rows].masked_fill(~allowed.to(logits.device), float("-inf"))
