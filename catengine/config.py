@@ -60,6 +60,7 @@ class EngineConfig:
                                             "of the cache budget, at most max(8 * max_num_seqs, 64)")
     num_kv_blocks: int | None = _help("exact number of KV blocks (testing/debugging); None: from the memory plan")
     enforce_eager: bool = _help("never use CUDA graphs", False)
+    structured_outputs_backend: str = _help("grammar backend of structured outputs: auto or xgrammar", "auto")
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> "EngineConfig":
@@ -97,6 +98,8 @@ class EngineConfig:
         if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or r < 0:
             raise ConfigError(f"kv_cache_auto_trim_ratio must be a number >= 0 (0 disables trimming), got {r!r}")
         _int(self, "seed")
+        from .structured.backend import check_backend
+        check_backend(self.structured_outputs_backend)
         if (self.max_num_seqs is not None and self.max_num_batched_tokens is not None
                 and self.max_num_batched_tokens < self.max_num_seqs):
             raise ConfigError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "

@@ -88,6 +88,8 @@ class Engine:
         self._touched: dict[str, RequestState] = {}  # requests changed since the last step's outputs
         self._counters = Counter()
         self._finish_reasons = Counter()
+        self._grammars = None    # the structured-outputs backend, built on the first request that needs it
+        self._grammars_lock = threading.Lock()
         log.info("catengine: %s on %s (%s, KV %s); %s", path, device, cfg.dtype, cfg.kv_cache_dtype, plan.describe())
         log.info("KV capacity: %d tokens = %d sequences of max_model_len %d at once (max_num_seqs %d); decode CUDA "
                  "graphs: %s", plan.kv_capacity_tokens, plan.kv_capacity_tokens // plan.max_model_len,
@@ -98,6 +100,16 @@ class Engine:
     def memory_plan(self) -> MemoryPlan:
         """KV blocks, capacity in tokens, state slots: the runner's plan (read-only)."""
         return self.runner.memory_plan
+
+    @property
+    def grammar_backend(self):
+        """The structured-outputs backend (:class:`catengine.structured.GrammarBackend`); built on first use
+        (its tokenizer table takes about 2 s), from either thread."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                from .structured import GrammarBackend
+                self._grammars = GrammarBackend(self.tokenizer.hf, self.vocab_size, self.eos_token_ids)
+            return self._grammars
 
     # ------------------------------------------------------------------ requests
     def default_sampling_params(self) -> SamplingParams:
@@ -119,11 +131,15 @@ class Engine:
             raise ContextTooLong(f"the prompt has {len(ids)} tokens but max_model_len is {max_len}, which leaves no "
                                  f"room for output; shorten the prompt")
         self.scheduler.check_fits(len(ids), len(ids) + max_tokens)
+        # a grammar that does not compile is the client's error, found before anything is queued
+        grammar = (self.grammar_backend.compile(params.structured_outputs)
+                   if params.structured_outputs is not None else None)
         children = [params.child(i) for i in range(params.n)]
         with self._rng_lock:
             seeds = [c.seed if c.seed is not None else self._rng.getrandbits(63) for c in children]
         return PreparedRequest(request_id or uuid.uuid4().hex, text, ids, params, max_tokens, children, seeds,
-                               time.time() if arrival_time is None else arrival_time, special_tokens_visible)
+                               time.time() if arrival_time is None else arrival_time, special_tokens_visible,
+                               grammar)
 
     def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, Mapping):
@@ -152,6 +168,11 @@ class Engine:
         seq = self.scheduler.add(prep.request_id, prep.prompt_token_ids, len(prep.prompt_token_ids) + prep.max_tokens,
                                  params=prep.completion_params[0], seed=prep.seeds[0], forks=forks)
         state.completions[0].seq = seq
+        if prep.grammar is not None:
+            backend = self.grammar_backend
+            for c in state.completions:
+                c.grammar = backend.matcher(prep.grammar, c.stop_ids)
+            seq.grammar = state.completions[0].grammar
         self._requests[prep.request_id] = state
         return prep.request_id
 
@@ -203,6 +224,7 @@ class Engine:
                 state = self._requests[seq.request_id]
                 c = state.completions[seq.index]
                 c.seq = seq
+                seq.grammar = c.grammar   # a fork's first token came from its leader's mask; its own from now on
                 if state.metrics.first_token_time is None:
                     state.metrics.first_token_time = now
                     state.num_cached_tokens = seq.num_cached_tokens
@@ -307,6 +329,7 @@ class Engine:
             "generation_tokens_total": self._counters["generation_tokens_total"],
             "request_success_total": dict(self._finish_reasons),
             "num_steps": self._counters["num_steps"],
+            "num_grammar_matchers": self._grammars.num_live if self._grammars is not None else 0,
         }
 
     def check_integrity(self) -> None:

@@ -58,6 +58,10 @@ def sample_tokens(logits, temperature, top_k, top_p, min_p, seeds, steps):
     keep_sorted &= mass_before < top_p[:, None]
     keep_sorted &= sorted_p >= min_p[:, None] * sorted_p[:, :1]
     keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
+    # a token of probability 0 (a -inf logit: a grammar's mask) is never drawn. Without this, u == 1.0 (the
+    # uniform's top value rounds to 1 in fp32, about once per 2^24 tokens) made its score 0 / 0 = NaN,
+    # and argmax takes NaN; the kernel's comparisons never pick a NaN score
+    keep &= probs > 0
     u = sampling_uniforms(seeds, steps, probs.shape[-1])
     score = torch.where(keep, probs / -torch.log(u), torch.full_like(probs, -1.0))
     sampled = score.argmax(-1)

@@ -60,3 +60,24 @@ def test_kernel_on_the_gpu_at_the_qwen_vocabulary():
     got = logits.cuda()
     apply_token_bitmask(got, bitmask.cuda(), rows.cuda())
     assert torch.equal(got.cpu(), want)
+
+
+def test_twin_never_draws_a_masked_token_where_the_uniform_is_one():
+    """The uniform's top value rounds to 1.0 in fp32 (about once per 2^24 tokens): a -inf token there had a
+    NaN score, which argmax picked (a grammar-masked token sampled in about 1.5% of Qwen-vocabulary steps)."""
+    V = 248320
+    seeds = torch.zeros(1, dtype=torch.int64)
+    hit = None
+    for step in range(400):
+        u = ref.sampling_uniforms(seeds, torch.tensor([step]), V)[0]
+        ones = torch.nonzero(u == 1.0).flatten()
+        if len(ones):
+            hit = (step, int(ones[0]))
+            break
+    assert hit is not None, "no u == 1.0 in 400 steps: the search range is too small"
+    step, token = hit
+    logits = torch.randn(1, V, generator=torch.Generator().manual_seed(0))
+    logits[0, token] = float("-inf")
+    got = ref.sample_tokens(logits, torch.ones(1), torch.zeros(1, dtype=torch.int32), torch.ones(1), torch.zeros(1),
+                            seeds, torch.tensor([step]))
+    assert int(got) != token
