@@ -72,6 +72,9 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, help="only 1 is supported for now")
     p.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1, help="only 1 is supported")
     p.add_argument("--data-parallel-size", "-dp", type=int, default=1, help="only 1 is supported")
+    p.add_argument("--structured-outputs-config", default=None,
+                   help='structured outputs, JSON: {"backend": "auto" | "xgrammar"} (other keys are ignored)')
+    p.add_argument("--guided-decoding-backend", default=None, help="older spelling of the structured outputs backend")
     for flag in IGNORED_WITH_VALUE:
         p.add_argument(flag, default=None, help=argparse.SUPPRESS)
     for flag in IGNORED_FLAGS:
@@ -123,7 +126,32 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                 block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching,
                 gpu_memory_utilization=args.gpu_memory_utilization, kv_cache_memory_bytes=args.kv_cache_memory_bytes,
                 kv_cache_auto_trim_ratio=args.kv_cache_auto_trim_ratio, num_state_snapshots=args.num_state_snapshots,
-                num_kv_blocks=args.num_kv_blocks, seed=args.seed, enforce_eager=args.enforce_eager)
+                num_kv_blocks=args.num_kv_blocks, seed=args.seed, enforce_eager=args.enforce_eager,
+                structured_outputs_backend=structured_outputs_backend(args))
+
+
+def structured_outputs_backend(args: argparse.Namespace) -> str:
+    """The backend named by --structured-outputs-config or --guided-decoding-backend ("auto" when neither)."""
+    from ..structured import check_backend
+    names = []
+    if getattr(args, "structured_outputs_config", None):
+        try:
+            cfg = json.loads(args.structured_outputs_config)
+        except ValueError:
+            cfg = None
+        if not isinstance(cfg, dict):
+            raise ConfigError(f"--structured-outputs-config {args.structured_outputs_config!r} is not a JSON object; "
+                              "use e.g. '{\"backend\": \"xgrammar\"}'")
+        ignored = sorted(set(cfg) - {"backend"})
+        if ignored:
+            log.warning("--structured-outputs-config: %s are vLLM-internal; catengine accepts and ignores them", ignored)
+        if "backend" in cfg:
+            names.append(cfg["backend"])
+    if getattr(args, "guided_decoding_backend", None):
+        names.append(args.guided_decoding_backend)
+    for name in names:
+        check_backend(name)
+    return names[0] if names else "auto"
 
 
 def log_ignored(args: argparse.Namespace) -> None:
