@@ -61,6 +61,8 @@ class EngineConfig:
     num_kv_blocks: int | None = _help("exact number of KV blocks (testing/debugging); None: from the memory plan")
     enforce_eager: bool = _help("never use CUDA graphs", False)
     structured_outputs_backend: str = _help("grammar backend of structured outputs: auto or xgrammar", "auto")
+    structured_outputs_disable_any_whitespace: bool = _help("JSON structured outputs without free whitespace "
+                                                            "(vLLM's disable_any_whitespace, server-wide)", False)
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> "EngineConfig":
@@ -88,7 +90,7 @@ class EngineConfig:
             _int(self, "num_state_snapshots")
             if self.num_state_snapshots < 0:
                 raise ConfigError(f"num_state_snapshots must be >= 0 or None, got {self.num_state_snapshots}")
-        for name in ("enable_prefix_caching", "enforce_eager"):
+        for name in ("enable_prefix_caching", "enforce_eager", "structured_outputs_disable_any_whitespace"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
         u = self.gpu_memory_utilization

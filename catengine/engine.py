@@ -132,8 +132,10 @@ class Engine:
                                  f"room for output; shorten the prompt")
         self.scheduler.check_fits(len(ids), len(ids) + max_tokens)
         # a grammar that does not compile is the client's error, found before anything is queued
-        grammar = (self.grammar_backend.compile(params.structured_outputs)
-                   if params.structured_outputs is not None else None)
+        spec = params.structured_outputs
+        if spec is not None and self.config.structured_outputs_disable_any_whitespace:
+            spec = dataclasses.replace(spec, disable_any_whitespace=True)
+        grammar = self.grammar_backend.compile(spec) if spec is not None else None
         children = [params.child(i) for i in range(params.n)]
         with self._rng_lock:
             seeds = [c.seed if c.seed is not None else self._rng.getrandbits(63) for c in children]

@@ -73,7 +73,7 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1, help="only 1 is supported")
     p.add_argument("--data-parallel-size", "-dp", type=int, default=1, help="only 1 is supported")
     p.add_argument("--structured-outputs-config", default=None,
-                   help='structured outputs, JSON: {"backend": "auto" | "xgrammar"} (other keys are ignored)')
+                   help='structured outputs, JSON: {"backend": "auto" | "xgrammar", "disable_any_whitespace": bool}')
     p.add_argument("--guided-decoding-backend", default=None, help="older spelling of the structured outputs backend")
     for flag in IGNORED_WITH_VALUE:
         p.add_argument(flag, default=None, help=argparse.SUPPRESS)
@@ -127,22 +127,31 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                 gpu_memory_utilization=args.gpu_memory_utilization, kv_cache_memory_bytes=args.kv_cache_memory_bytes,
                 kv_cache_auto_trim_ratio=args.kv_cache_auto_trim_ratio, num_state_snapshots=args.num_state_snapshots,
                 num_kv_blocks=args.num_kv_blocks, seed=args.seed, enforce_eager=args.enforce_eager,
-                structured_outputs_backend=structured_outputs_backend(args))
+                structured_outputs_backend=structured_outputs_backend(args),
+                structured_outputs_disable_any_whitespace=_structured_config(args).get("disable_any_whitespace", False))
+
+
+def _structured_config(args: argparse.Namespace) -> dict:
+    text = getattr(args, "structured_outputs_config", None)
+    if not text:
+        return {}
+    try:
+        cfg = json.loads(text)
+    except ValueError:
+        cfg = None
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("disable_any_whitespace", False), bool):
+        raise ConfigError(f"--structured-outputs-config {text!r} is not a JSON object like "
+                          "'{\"backend\": \"xgrammar\", \"disable_any_whitespace\": true}'")
+    return cfg
 
 
 def structured_outputs_backend(args: argparse.Namespace) -> str:
     """The backend named by --structured-outputs-config or --guided-decoding-backend ("auto" when neither)."""
     from ..structured import check_backend
     names = []
-    if getattr(args, "structured_outputs_config", None):
-        try:
-            cfg = json.loads(args.structured_outputs_config)
-        except ValueError:
-            cfg = None
-        if not isinstance(cfg, dict):
-            raise ConfigError(f"--structured-outputs-config {args.structured_outputs_config!r} is not a JSON object; "
-                              "use e.g. '{\"backend\": \"xgrammar\"}'")
-        ignored = sorted(set(cfg) - {"backend"})
+    cfg = _structured_config(args)
+    if cfg:
+        ignored = sorted(set(cfg) - {"backend", "disable_any_whitespace"})
         if ignored:
             log.warning("--structured-outputs-config: %s are vLLM-internal; catengine accepts and ignores them", ignored)
         if "backend" in cfg:

@@ -17,6 +17,8 @@ from ..structured import StructuredOutputsParams
 from ..structured.backend import check_backend
 from ..errors import ConfigError
 
+# a call's layout whitespace is fixed by its format; free runs of it are how a weak model never ends a call
+MAX_CALL_WHITESPACE = 2
 _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
 
 
@@ -62,13 +64,14 @@ def tool_call_grammar(tools: list[dict[str, Any]], parser: str, name: str | None
         end = "\n</function>\n</tool_call>"
 
         def body(tool):
-            return {"type": "json_schema", "json_schema": _parameters(tool), "style": "qwen_xml"}
+            return {"type": "json_schema", "json_schema": _parameters(tool), "style": "qwen_xml",
+                    "max_whitespace_cnt": MAX_CALL_WHITESPACE}
         head = (lambda tool: f"{tool['function']['name']}>\n")
     else:   # hermes
         end = "}\n</tool_call>"
 
         def body(tool):
-            return {"type": "json_schema", "json_schema": _parameters(tool)}
+            return {"type": "json_schema", "json_schema": _parameters(tool), "max_whitespace_cnt": MAX_CALL_WHITESPACE}
         head = (lambda tool: json.dumps(tool["function"]["name"], ensure_ascii=False)[1:] + ', "arguments": ')
     if name is not None:
         fmt = {"type": "sequence", "elements": [body(chosen[0]), {"type": "const_string", "value": end}]}
