@@ -108,7 +108,10 @@ class Engine:
         with self._grammars_lock:
             if self._grammars is None:
                 from .structured import GrammarBackend
+                t0 = time.perf_counter()
                 self._grammars = GrammarBackend(self.tokenizer.hf, self.vocab_size, self.eos_token_ids)
+                log.info("structured outputs: xgrammar ready (tokenizer table of %d tokens in %.1f s)",
+                         self.vocab_size, time.perf_counter() - t0)
             return self._grammars
 
     # ------------------------------------------------------------------ requests

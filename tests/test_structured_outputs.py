@@ -101,3 +101,45 @@ def test_exactly_one_kind():
         S(regex="a", choice=["b"])
     with pytest.raises(InvalidRequest, match="unknown field"):
         SamplingParams(structured_outputs={"jsonn": "{}"})
+
+
+def test_preempted_sequences_keep_their_grammar():
+    """Preemption recomputes the KV of tokens that stay, so the matcher stays too: the outputs still match."""
+    e = Engine(max_model_len=64, max_num_seqs=4, max_num_batched_tokens=32, num_kv_blocks=6,
+               enable_prefix_caching=False)
+    try:
+        params = [SamplingParams(temperature=1.0, seed=s, max_tokens=50, structured_outputs=S(regex="[0-9]{40}"))
+                  for s in range(4)]
+        outs = e.generate(["Count:"] * 4, params)
+        assert e.stats()["num_preemptions"] > 0
+        for o in outs:
+            assert re.fullmatch("[0-9]{40}", o.outputs[0].text) and o.outputs[0].finish_reason == "stop"
+        assert e.stats()["num_grammar_matchers"] == 0
+        e.check_integrity()
+    finally:
+        e.close()
+
+
+@pytest.mark.gpu
+def test_structured_outputs_on_the_gpu_with_decode_graphs():
+    """CUDA: the mask is filled while the (graph-replayed) forward runs and applied by the Triton kernel."""
+    import torch
+    assert torch.cuda.is_available()
+    e = Engine(max_model_len=512, device="cuda")
+    try:
+        assert e.runner.graphs is not None
+        free = SamplingParams(temperature=1.0, seed=7, max_tokens=16, ignore_eos=True)
+        alone = e.generate(["Hello"], free)[0].outputs[0].token_ids
+        spec = [S(regex=r"[0-9]{3}-[a-z]{2}"), S(json=SCHEMA, disable_any_whitespace=True), S(choice=["yes", "no"])]
+        params = [free] + [SamplingParams(temperature=1.0, seed=1, max_tokens=200, n=2, structured_outputs=s)
+                           for s in spec]
+        outs = e.generate(["Hello", "a", "b", "c"], params)
+        assert outs[0].outputs[0].token_ids == alone
+        for c in outs[1].outputs:
+            assert re.fullmatch(r"[0-9]{3}-[a-z]{2}", c.text)
+        for c in outs[2].outputs:
+            assert set(json.loads(c.text)) == {"name", "age", "ok", "color"}
+        assert all(c.text in ("yes", "no") for c in outs[3].outputs)
+        assert e.stats()["num_grammar_matchers"] == 0
+    finally:
+        e.close()

@@ -69,6 +69,16 @@ def test_response_format_json_schema(client):
     assert set(obj) == {"n", "ok"} and isinstance(obj["n"], int) and isinstance(obj["ok"], bool), text
 
 
+def test_structured_answer_with_thinking_on_is_content(client):
+    """The template opens <think>; a grammar-constrained answer closes it first, so the JSON is the content."""
+    r = client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=150, seed=5,
+                                       response_format={"type": "json_schema",
+                                                        "json_schema": {"name": "x", "schema": SCHEMA}})
+    msg = r.choices[0].message
+    assert set(json.loads(msg.content)) == {"n", "ok"}
+    assert getattr(msg, "reasoning_content", None) is None
+
+
 def test_guided_choice_and_regex_on_completions(client):
     r = client.completions.create(model=MODEL, prompt="Pick:", max_tokens=10, n=3, seed=2,
                                   extra_body={"guided_choice": ["left", "right"]})
