@@ -91,10 +91,8 @@ class Engine:
         self._grammars = None    # the structured-outputs backend, built on the first request that needs it
         self._grammars_lock = threading.Lock()
         log.info("catengine: %s on %s (%s, KV %s); %s", path, device, cfg.dtype, cfg.kv_cache_dtype, plan.describe())
-        log.info("KV capacity: %d tokens = %d sequences of max_model_len %d at once (max_num_seqs %d); decode CUDA "
-                 "graphs: %s", plan.kv_capacity_tokens, plan.kv_capacity_tokens // plan.max_model_len,
-                 plan.max_model_len, cfg.max_num_seqs,
-                 f"batch sizes up to {self.runner.graphs.max_batch}" if self.runner.graphs else "off (eager)")
+        log.info("%s", capacity_line(plan, cfg.max_num_seqs, self.runner.graphs.max_batch if self.runner.graphs
+                                     else None))
 
     @property
     def memory_plan(self) -> MemoryPlan:
@@ -348,6 +346,18 @@ class Engine:
         self._touched.clear()
         self.runner.close()
         self.model = None
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def capacity_line(plan: MemoryPlan, max_num_seqs: int, graph_max_batch: int | None) -> str:
+    """The start-up line of the KV capacity (tokens, whole max_model_len sequences) and the decode graphs."""
+    graphs = f"batch sizes up to {graph_max_batch}" if graph_max_batch else "off (eager)"
+    return (f"KV capacity: {plural(plan.kv_capacity_tokens, 'token')} = "
+            f"{plural(plan.kv_capacity_tokens // plan.max_model_len, 'sequence')} of max_model_len "
+            f"{plan.max_model_len} at once (max_num_seqs {max_num_seqs}); decode CUDA graphs: {graphs}")
 
 
 def _as_prompt_list(prompts) -> list[Prompt]:

@@ -113,13 +113,19 @@ class Metrics:
             for _ in range(max(tokens, 1)):
                 self.itl.observe(seconds / max(tokens, 1))
 
-    def observe_finished(self, reason: str, prompt_tokens: int, generation_tokens: int,
-                         e2e_seconds: float) -> None:
-        """One sequence ended (``reason`` stop / length / abort / error)."""
+    def count_tokens(self, prompt_tokens: int = 0, generation_tokens: int = 0) -> None:
+        """Tokens as they are processed: a prompt once its prefill is done, each generated token as it
+        arrives, so a request that is aborted (or still running) counts what it used."""
         with self._lock:
-            self.finished[reason if reason in self.finished else "error"] += 1
             self.prompt_tokens += prompt_tokens
             self.generation_tokens += generation_tokens
+
+    def observe_finished(self, reason: str, prompt_tokens: int, generation_tokens: int,
+                         e2e_seconds: float) -> None:
+        """One sequence ended (``reason`` stop / length / abort / error): the counts and histograms of
+        finished requests (the token totals are :meth:`count_tokens`'s)."""
+        with self._lock:
+            self.finished[reason if reason in self.finished else "error"] += 1
             self.prompt_hist.observe(prompt_tokens)
             self.generation_hist.observe(generation_tokens)
             self.e2e.observe(e2e_seconds)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import EngineConfig
-from .cuda_graphs import DecodeGraphs, graph_batch_sizes
+from .cuda_graphs import DecodeGraphs, capture_sizes
 from .memory import MemoryPlan, cuda_cache_budget, plan_memory
 from .models.batch import AttentionCache, BatchMetadata, ModelCaches
 from .kernels import ops
@@ -160,7 +160,12 @@ class ModelRunner:
         (``capture=False``: run the same padded static buffers eagerly, so the CPU tests check the
         padding). A failed capture logs and leaves the runner eager."""
         plan = self.memory_plan
-        graphs = DecodeGraphs(self.model, self.caches, batch_sizes=graph_batch_sizes(self.config.max_num_seqs),
+        sizes = capture_sizes(self.config.cuda_graph_sizes, self.config.max_num_seqs)
+        if not sizes:
+            log.warning("no decode CUDA graph: every cuda_graph_sizes entry %s is above max_num_seqs %d",
+                        list(self.config.cuda_graph_sizes), self.config.max_num_seqs)
+            return
+        graphs = DecodeGraphs(self.model, self.caches, batch_sizes=sizes,
                               max_model_len=plan.max_model_len, pad_state_slot=plan.pad_state_slot,
                               device=self.device, capture=capture)
         try:

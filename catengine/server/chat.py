@@ -105,7 +105,8 @@ def plan_chat(ctx: ServerContext, req: ChatCompletionRequest) -> ChatPlan:
         raise InvalidRequest("top_logprobs needs \"logprobs\": true; set it or drop top_logprobs")
     check_logprobs(req.top_logprobs, "top_logprobs")
     tools, parser, forced = _tool_setup(ctx, req)
-    kwargs = dict(req.chat_template_kwargs or {})
+    # --default-chat-template-kwargs under the request's own (vLLM: the request wins key by key)
+    kwargs = {**(ctx.config.default_chat_template_kwargs or {}), **(req.chat_template_kwargs or {})}
     thinking = kwargs.get("enable_thinking", True) is not False
     if req.continue_final_message:
         raise InvalidRequest("continue_final_message is not supported; send the text to continue to /v1/completions")
@@ -139,7 +140,7 @@ def plan_chat(ctx: ServerContext, req: ChatCompletionRequest) -> ChatPlan:
         raise InvalidRequest(f"max_completion_tokens must be at least 1, got {requested}")
     room = check_length(len(prompt_ids), ctx.max_model_len, requested, "messages")
     top = (req.top_logprobs or 0) if req.logprobs else None
-    params = build_params(fields, ctx.tokenizer.generation_config, requested, room, None, ctx.vocab_size)
+    params = build_params(fields, ctx.generation_config, requested, room, None, ctx.vocab_size)
     # <tool_call> must reach the tool parser even where the tokenizer marks it special
     job = Job(ctx.new_id("chatcmpl"), prompt_ids, params, special_tokens_visible=parser is not None)
     return ChatPlan(req, job, tools, parser, forced, thinking, opened, top)
@@ -158,8 +159,10 @@ async def chat_full(ctx: ServerContext, plan: ChatPlan) -> ChatCompletionRespons
     reasons: list[Any] = [None] * n
     stop_reasons: list[Any] = [None] * n
     tokens = [0] * n
+    cached = 0
     async for _, d in ctx.generate([plan.job]):
         i = d.index
+        cached = max(cached, d.num_cached_tokens)
         out = procs[i].feed(d.text)
         if d.finished:
             tail = procs[i].finish()
@@ -172,16 +175,14 @@ async def chat_full(ctx: ServerContext, plan: ChatPlan) -> ChatCompletionRespons
             logprobs[i] += d.logprobs
     choices = []
     for i in range(n):
-        message = ResponseMessage(content=content[i] if content[i] or not (procs[i].calls or reasoning[i]) else None,
+        message = ResponseMessage(role=ctx.config.response_role, content=content[i] if content[i] or not (procs[i].calls or reasoning[i]) else None,
                                   tool_calls=procs[i].calls)
         if ctx.config.reasoning_parser:
             message.reasoning_content = message.reasoning = reasoning[i] or None
         lp = chat_logprobs(ctx.token_texts, logprobs[i], plan.top_logprobs) if plan.top_logprobs is not None else None
         choices.append(ChatChoice(index=i, message=message, logprobs=lp,
                                   finish_reason=_finish_reason(reasons[i], procs[i]), stop_reason=stop_reasons[i]))
-    prompt_tokens = len(plan.job.prompt_ids)
-    usage = UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=sum(tokens),
-                      total_tokens=prompt_tokens + sum(tokens))
+    usage = ctx.usage(len(plan.job.prompt_ids), sum(tokens), cached)
     return ChatCompletionResponse(id=plan.job.request_id, created=plan.created, model=ctx.config.model_name,
                                   choices=choices, usage=usage)
 
@@ -193,10 +194,10 @@ async def chat_stream(ctx: ServerContext, plan: ChatPlan) -> AsyncIterator[bytes
     continuous = bool(opts and opts.continuous_usage_stats)
     prompt_tokens = len(plan.job.prompt_ids)
     tokens = [0] * n
+    cached = [0]
 
     def usage() -> UsageInfo:
-        return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=sum(tokens),
-                         total_tokens=prompt_tokens + sum(tokens))
+        return ctx.usage(prompt_tokens, sum(tokens), cached[0])
 
     def chunk(choice: ChatChunkChoice) -> bytes:
         return sse(ChatCompletionChunk(id=plan.job.request_id, created=plan.created, model=ctx.config.model_name,
@@ -205,9 +206,10 @@ async def chat_stream(ctx: ServerContext, plan: ChatPlan) -> AsyncIterator[bytes
     procs = [plan.processor(ctx) for _ in range(n)]
     try:
         for i in range(n):
-            yield chunk(ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content="")))
+            yield chunk(ChatChunkChoice(index=i, delta=DeltaMessage(role=ctx.config.response_role, content="")))
         async for _, d in ctx.generate([plan.job]):
             i = d.index
+            cached[0] = max(cached[0], d.num_cached_tokens)
             tokens[i] = d.num_output_tokens
             out = procs[i].feed(d.text)
             if d.finished:

@@ -98,9 +98,10 @@ class ChatChoiceProcessor:
 class TokenTexts:
     """Cached token id -> (text, bytes) for logprobs; one per server (ids repeat a lot)."""
 
-    def __init__(self, tokenizer: Any, max_entries: int = 65536):
+    def __init__(self, tokenizer: Any, max_entries: int = 65536, as_ids: bool = False):
         self.tokenizer = tokenizer
         self.max_entries = max_entries
+        self.as_ids = as_ids   # --return-tokens-as-token-ids: "token_id:N", for clients that re-tokenize
         self._cache: dict[int, tuple[str, list[int]]] = {}
 
     def get(self, token_id: int) -> tuple[str, list[int]]:
@@ -108,7 +109,11 @@ class TokenTexts:
         if hit is None:
             if len(self._cache) >= self.max_entries:
                 self._cache.clear()
-            hit = (self.tokenizer.token_text(token_id), list(self.tokenizer.token_bytes(token_id)))
+            if self.as_ids:
+                text = f"token_id:{token_id}"
+                hit = (text, list(text.encode()))
+            else:
+                hit = (self.tokenizer.token_text(token_id), list(self.tokenizer.token_bytes(token_id)))
             self._cache[token_id] = hit
         return hit
 

@@ -68,7 +68,7 @@ def plan_completion(ctx: ServerContext, req: CompletionRequest) -> CompletionPla
     base_id = ctx.new_id("cmpl")
     for k, (text, ids) in enumerate(prompts):
         room = check_length(len(ids), ctx.max_model_len, req.max_tokens, "prompt")
-        params = build_params(sampling_fields(req, req.logprobs), ctx.tokenizer.generation_config, req.max_tokens,
+        params = build_params(sampling_fields(req, req.logprobs), ctx.generation_config, req.max_tokens,
                               room, min(DEFAULT_MAX_TOKENS, room), ctx.vocab_size)
         jobs.append(Job(base_id if len(prompts) == 1 else f"{base_id}-{k}", ids, params))
         if req.echo:
@@ -78,9 +78,10 @@ def plan_completion(ctx: ServerContext, req: CompletionRequest) -> CompletionPla
     return CompletionPlan(req, jobs, echoes)
 
 
-def _usage(plan: CompletionPlan, tokens: list[int]) -> UsageInfo:
+def _usage(ctx: ServerContext, plan: CompletionPlan, tokens: list[int], cached: dict[int, int]) -> UsageInfo:
+    """``cached``: prompt index -> its prefix-cache hit tokens (each prompt counted once)."""
     prompt = sum(len(j.prompt_ids) for j in plan.jobs)
-    return UsageInfo(prompt_tokens=prompt, completion_tokens=sum(tokens), total_tokens=prompt + sum(tokens))
+    return ctx.usage(prompt, sum(tokens), sum(cached.values()))
 
 
 async def completion_full(ctx: ServerContext, plan: CompletionPlan) -> CompletionResponse:
@@ -91,8 +92,10 @@ async def completion_full(ctx: ServerContext, plan: CompletionPlan) -> Completio
     reasons: list[Any] = [None] * total
     stops: list[Any] = [None] * total
     tokens = [0] * total
+    cached: dict[int, int] = {}
     async for k, d in ctx.generate(plan.jobs):
         c = k * n + d.index
+        cached[k] = max(cached.get(k, 0), d.num_cached_tokens)
         texts[c] += d.text
         ids[c] += d.token_ids
         if d.logprobs:
@@ -108,7 +111,7 @@ async def completion_full(ctx: ServerContext, plan: CompletionPlan) -> Completio
         choices.append(CompletionChoice(index=c, text=texts[c], logprobs=lp, finish_reason=reasons[c],
                                         stop_reason=stops[c]))
     return CompletionResponse(id=plan.jobs[0].request_id, created=plan.created, model=ctx.config.model_name,
-                              choices=choices, usage=_usage(plan, tokens))
+                              choices=choices, usage=_usage(ctx, plan, tokens, cached))
 
 
 async def completion_stream(ctx: ServerContext, plan: CompletionPlan) -> AsyncIterator[bytes]:
@@ -117,12 +120,13 @@ async def completion_stream(ctx: ServerContext, plan: CompletionPlan) -> AsyncIt
     include_usage = bool(opts and opts.include_usage)
     continuous = bool(opts and opts.continuous_usage_stats)
     tokens = [0] * total
+    cached: dict[int, int] = {}
     offsets = [len(plan.echo_texts[c // n]) for c in range(total)]
     rid = plan.jobs[0].request_id
 
     def chunk(choice: CompletionChunkChoice) -> bytes:
         return sse(CompletionChunk(id=rid, created=plan.created, model=ctx.config.model_name, choices=[choice],
-                                   usage=_usage(plan, tokens) if continuous else None))
+                                   usage=_usage(ctx, plan, tokens, cached) if continuous else None))
 
     try:
         for c in range(total):
@@ -130,6 +134,7 @@ async def completion_stream(ctx: ServerContext, plan: CompletionPlan) -> AsyncIt
                 yield chunk(CompletionChunkChoice(index=c, text=plan.echo_texts[c // n]))
         async for k, d in ctx.generate(plan.jobs):
             c = k * n + d.index
+            cached[k] = max(cached.get(k, 0), d.num_cached_tokens)
             tokens[c] = d.num_output_tokens
             lp = None
             if plan.request.logprobs is not None and d.logprobs:
@@ -141,7 +146,7 @@ async def completion_stream(ctx: ServerContext, plan: CompletionPlan) -> AsyncIt
                 yield chunk(CompletionChunkChoice(index=c, text=d.text, logprobs=lp))
         if include_usage:
             yield sse(CompletionChunk(id=rid, created=plan.created, model=ctx.config.model_name, choices=[],
-                                      usage=_usage(plan, tokens)))
+                                      usage=_usage(ctx, plan, tokens, cached)))
     except Exception as e:  # noqa: BLE001 (after the headers went out, errors travel as an SSE event)
         yield sse_error(e)
     yield sse_done()

@@ -145,10 +145,15 @@ def decode_request(body: bytes, kind: type[msgspec.Struct]):
 # responses
 
 
+class PromptTokensDetails(msgspec.Struct, kw_only=True):
+    cached_tokens: int = 0
+
+
 class UsageInfo(msgspec.Struct, kw_only=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None   # with --enable-prompt-tokens-details
 
 
 class FunctionCall(msgspec.Struct, kw_only=True):

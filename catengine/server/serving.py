@@ -20,6 +20,7 @@ from ..errors import CapacityExceeded, CatEngineError, EngineDead, InvalidReques
 from ..metrics import Metrics
 from ..sampling import SamplingParams
 from .choices import TokenTexts
+from .protocol import PromptTokensDetails, UsageInfo
 
 if TYPE_CHECKING:
     from ..request_state import PreparedRequest
@@ -43,6 +44,13 @@ class ServerConfig:
     cors_methods: tuple[str, ...] = ("*",)
     cors_headers: tuple[str, ...] = ("*",)
     cors_credentials: bool = False
+    # vLLM's API-shaping flags (catengine/cli/serve_flags.py)
+    response_role: str = "assistant"
+    default_chat_template_kwargs: dict[str, Any] | None = None
+    enable_prompt_tokens_details: bool = False
+    return_tokens_as_token_ids: bool = False
+    generation_config: dict[str, Any] | None = None   # sampling defaults; None: the model's generation_config.json
+    log_requests: bool = True
 
     @property
     def model_name(self) -> str:
@@ -67,7 +75,9 @@ class ServerContext:
         self.config = config
         self.tokenizer = engine.tokenizer
         self.metrics = Metrics(config.model_name)
-        self.token_texts = TokenTexts(self.tokenizer)
+        self.token_texts = TokenTexts(self.tokenizer, as_ids=config.return_tokens_as_token_ids)
+        self.generation_config: dict[str, Any] = (self.tokenizer.generation_config if config.generation_config is None
+                                                  else config.generation_config)
         self.dead_reason: str | None = None
         self.created = int(time.time())
         self.max_model_len: int = int(engine.config.max_model_len)
@@ -125,6 +135,13 @@ class ServerContext:
             except CapacityExceeded as e:
                 raise InvalidRequest(str(e)) from None
 
+    def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> UsageInfo:
+        """The usage object; with --enable-prompt-tokens-details it counts the prompt tokens that were
+        prefix-cache hits (vLLM's prompt_tokens_details.cached_tokens)."""
+        details = PromptTokensDetails(cached_tokens=cached_tokens) if self.config.enable_prompt_tokens_details else None
+        return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                         total_tokens=prompt_tokens + completion_tokens, prompt_tokens_details=details)
+
     @staticmethod
     def new_id(prefix: str) -> str:
         return f"{prefix}-{uuid.uuid4().hex}"
@@ -139,11 +156,20 @@ class ServerContext:
         open_seqs = {(k, i) for k, job in enumerate(jobs) for i in range(job.params.n)}
         last_time: dict[tuple[int, int], float] = {}
         counted_prompt: set[int] = set()
+        finished_prompt: set[int] = set()
+        logs = [_RequestLog(job.request_id, len(job.prompt_ids), job.params.n) for job in jobs]
         try:
             async for k, delta in self._merged(jobs):
                 key = (k, delta.index)
                 now = time.perf_counter()
+                if k not in counted_prompt:   # the first delta comes after the prompt's prefill
+                    counted_prompt.add(k)
+                    self.metrics.count_tokens(prompt_tokens=len(jobs[k].prompt_ids))
+                    logs[k].first_token = now - start
+                    logs[k].cached = delta.num_cached_tokens
+                logs[k].output[delta.index] = delta.num_output_tokens
                 if delta.token_ids:
+                    self.metrics.count_tokens(generation_tokens=len(delta.token_ids))
                     if key not in last_time:
                         self.metrics.observe_first_token(now - start)
                     else:
@@ -151,9 +177,12 @@ class ServerContext:
                     last_time[key] = now
                 if delta.finished:
                     open_seqs.discard(key)
-                    prompt = 0 if k in counted_prompt else len(jobs[k].prompt_ids)
-                    counted_prompt.add(k)
+                    prompt = 0 if k in finished_prompt else len(jobs[k].prompt_ids)
+                    finished_prompt.add(k)
                     self.metrics.observe_finished(delta.finish_reason, prompt, delta.num_output_tokens, now - start)
+                    logs[k].finish(delta.index, delta.finish_reason, delta.num_output_tokens)
+                    if logs[k].done:
+                        self._log_request(logs[k], now - start)
                 yield k, delta
         except EngineDead as e:
             self.dead_reason = self.dead_reason or str(e)
@@ -161,8 +190,16 @@ class ServerContext:
         finally:
             for k in {k for k, _ in open_seqs}:
                 self._abort(jobs[k].request_id)
-            for _ in open_seqs:
-                self.metrics.observe_finished("abort", 0, 0, time.perf_counter() - start)
+            now = time.perf_counter()
+            for k, i in open_seqs:
+                self.metrics.observe_finished("abort", 0, 0, now - start)
+                logs[k].finish(i, "abort", None)
+            for k in {k for k, _ in open_seqs}:
+                self._log_request(logs[k], now - start)
+
+    def _log_request(self, entry: "_RequestLog", e2e: float) -> None:
+        if self.config.log_requests:
+            log.info("%s", entry.line(e2e))
 
     def _abort(self, request_id: str) -> None:
         try:
@@ -221,6 +258,36 @@ async def _aclose(stream: Any) -> None:
             await close()
         except Exception:  # noqa: BLE001
             log.debug("closing an engine stream failed", exc_info=True)
+
+
+class _RequestLog:
+    """What the one INFO line of a finished request says (--disable-log-requests turns it off)."""
+
+    def __init__(self, request_id: str, prompt_tokens: int, n: int):
+        self.request_id, self.prompt_tokens = request_id, prompt_tokens
+        self.first_token: float | None = None
+        self.cached = 0
+        self.output = [0] * n
+        self.reasons: list[str | None] = [None] * n
+
+    def finish(self, index: int, reason: str | None, output_tokens: int | None) -> None:
+        self.reasons[index] = reason
+        if output_tokens is not None:
+            self.output[index] = output_tokens
+
+    @property
+    def done(self) -> bool:
+        return all(r is not None for r in self.reasons)
+
+    def line(self, e2e: float) -> str:
+        out = sum(self.output)
+        ttft = "-" if self.first_token is None else f"{self.first_token:.3f}s"
+        decode = e2e - (self.first_token or 0.0)
+        # decode speed: the tokens after each completion's first, over the time after the first token
+        rate = f"{(out - len(self.output)) / decode:.1f}" if out > len(self.output) and decode > 0 else "-"
+        reasons = ",".join(sorted({r or "abort" for r in self.reasons}))
+        return (f"request {self.request_id}: prompt {self.prompt_tokens} tokens ({self.cached} cached), output "
+                f"{out} tokens, TTFT {ttft}, e2e {e2e:.3f}s, {rate} tok/s, finish {reasons}")
 
 
 def check_token_ids(ids: list[Any], vocab_size: int, what: str) -> list[int]:
