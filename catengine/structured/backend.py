@@ -1,11 +1,10 @@
 """The grammar backend: xgrammar (vLLM's and SGLang's default).
 
-Why xgrammar rather than llguidance (both tried on the demo's 248K-token Qwen3.5 vocabulary): it
-builds its tokenizer table in 1.7 s against llguidance's 6 s, precomputes each grammar's token masks
-at compile time (0.3 ms for the first mask of a JSON schema against 2.6 ms), its EBNF and JSON-schema
-dialects are what vLLM users send with the default backend, and it ships the Qwen XML tool-call
-format (``style="qwen_xml"``) that the ``qwen3_coder`` parser reads. It needs torch, which the engine
-has anyway (CPU torch is enough).
+Why xgrammar rather than llguidance (both tried on the demo's 248K-token Qwen3.5 vocabulary; the
+timings are in bench/NOTES.md): its tokenizer table builds faster, it precomputes each grammar's token
+masks at compile time, its EBNF and JSON-schema dialects are what vLLM users send with the default
+backend, and it ships the Qwen XML tool-call format (``style="qwen_xml"``) that the ``qwen3_coder``
+parser reads. It needs torch, which the engine has anyway (CPU torch is enough).
 
 One :class:`GrammarBackend` per engine, built on the first structured request (the tokenizer table
 costs about 2 s): :meth:`compile` runs on the preparation thread (xgrammar caches compiled grammars
