@@ -60,6 +60,9 @@ class EngineConfig:
                                             "of the cache budget, at most max(8 * max_num_seqs, 64)")
     num_kv_blocks: int | None = _help("exact number of KV blocks (testing/debugging); None: from the memory plan")
     enforce_eager: bool = _help("never use CUDA graphs", False)
+    structured_outputs_backend: str = _help("grammar backend of structured outputs: auto or xgrammar", "auto")
+    structured_outputs_disable_any_whitespace: bool = _help("JSON structured outputs without free whitespace "
+                                                            "(vLLM's disable_any_whitespace, server-wide)", False)
     cuda_graph_sizes: tuple[int, ...] | None = _help("decode batch sizes to capture CUDA graphs for (those above "
                                                      "max_num_seqs are dropped); None: 1, 2, 4, 8, 16, 24, ... up to "
                                                      "min(max_num_seqs, 256)")
@@ -90,7 +93,7 @@ class EngineConfig:
             _int(self, "num_state_snapshots")
             if self.num_state_snapshots < 0:
                 raise ConfigError(f"num_state_snapshots must be >= 0 or None, got {self.num_state_snapshots}")
-        for name in ("enable_prefix_caching", "enforce_eager"):
+        for name in ("enable_prefix_caching", "enforce_eager", "structured_outputs_disable_any_whitespace"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
         u = self.gpu_memory_utilization
@@ -100,6 +103,8 @@ class EngineConfig:
         if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or r < 0:
             raise ConfigError(f"kv_cache_auto_trim_ratio must be a number >= 0 (0 disables trimming), got {r!r}")
         _int(self, "seed")
+        from .structured.backend import check_backend
+        check_backend(self.structured_outputs_backend)
         sizes = self.cuda_graph_sizes
         if sizes is not None and (not isinstance(sizes, (tuple, list)) or not sizes or not all(
                 isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in sizes)):

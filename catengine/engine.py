@@ -88,6 +88,8 @@ class Engine:
         self._touched: dict[str, RequestState] = {}  # requests changed since the last step's outputs
         self._counters = Counter()
         self._finish_reasons = Counter()
+        self._grammars = None    # the structured-outputs backend, built on the first request that needs it
+        self._grammars_lock = threading.Lock()
         log.info("catengine: %s on %s (%s, KV %s); %s", path, device, cfg.dtype, cfg.kv_cache_dtype, plan.describe())
         log.info("%s", capacity_line(plan, cfg.max_num_seqs, self.runner.graphs.max_batch if self.runner.graphs
                                      else None))
@@ -96,6 +98,19 @@ class Engine:
     def memory_plan(self) -> MemoryPlan:
         """KV blocks, capacity in tokens, state slots: the runner's plan (read-only)."""
         return self.runner.memory_plan
+
+    @property
+    def grammar_backend(self):
+        """The structured-outputs backend (:class:`catengine.structured.GrammarBackend`); built on first use
+        (its tokenizer table takes about 2 s), from either thread."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                from .structured import GrammarBackend
+                t0 = time.perf_counter()
+                self._grammars = GrammarBackend(self.tokenizer.hf, self.vocab_size, self.eos_token_ids)
+                log.info("structured outputs: xgrammar ready (tokenizer table of %d tokens in %.1f s)",
+                         self.vocab_size, time.perf_counter() - t0)
+            return self._grammars
 
     # ------------------------------------------------------------------ requests
     def default_sampling_params(self) -> SamplingParams:
@@ -117,11 +132,17 @@ class Engine:
             raise ContextTooLong(f"the prompt has {len(ids)} tokens but max_model_len is {max_len}, which leaves no "
                                  f"room for output; shorten the prompt")
         self.scheduler.check_fits(len(ids), len(ids) + max_tokens)
+        # a grammar that does not compile is the client's error, found before anything is queued
+        spec = params.structured_outputs
+        if spec is not None and self.config.structured_outputs_disable_any_whitespace:
+            spec = dataclasses.replace(spec, disable_any_whitespace=True)
+        grammar = self.grammar_backend.compile(spec) if spec is not None else None
         children = [params.child(i) for i in range(params.n)]
         with self._rng_lock:
             seeds = [c.seed if c.seed is not None else self._rng.getrandbits(63) for c in children]
         return PreparedRequest(request_id or uuid.uuid4().hex, text, ids, params, max_tokens, children, seeds,
-                               time.time() if arrival_time is None else arrival_time, special_tokens_visible)
+                               time.time() if arrival_time is None else arrival_time, special_tokens_visible,
+                               grammar)
 
     def check_prompt_chars(self, text: str) -> None:
         """ContextTooLong, before tokenizing, for a text too long to fit ``max_model_len`` tokens
@@ -166,6 +187,11 @@ class Engine:
                                  params=prep.completion_params[0], seed=prep.seeds[0], forks=forks,
                                  skip_prefix_cache=prep.params.prompt_logprobs is not None)
         state.completions[0].seq = seq
+        if prep.grammar is not None:
+            backend = self.grammar_backend
+            for c in state.completions:
+                c.grammar = backend.matcher(prep.grammar, c.stop_ids)
+            seq.grammar = state.completions[0].grammar
         self._requests[prep.request_id] = state
         return prep.request_id
 
@@ -219,6 +245,7 @@ class Engine:
                 state = self._requests[seq.request_id]
                 c = state.completions[seq.index]
                 c.seq = seq
+                seq.grammar = c.grammar   # a fork's first token came from its leader's mask; its own from now on
                 if state.metrics.first_token_time is None:
                     state.metrics.first_token_time = now
                     state.num_cached_tokens = seq.num_cached_tokens
@@ -324,6 +351,7 @@ class Engine:
             "generation_tokens_total": self._counters["generation_tokens_total"],
             "request_success_total": dict(self._finish_reasons),
             "num_steps": self._counters["num_steps"],
+            "num_grammar_matchers": self._grammars.num_live if self._grammars is not None else 0,
         }
 
     def check_integrity(self) -> None:

@@ -6,11 +6,15 @@ string, max_tokens, context full). Everything here runs on the engine's thread.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from typing import Any
 
 from .outputs import CompletionOutput, RequestMetrics, RequestOutput, StreamDelta
 from .sampling import SamplingParams, TokenLogprobs
 from .tokenizer import IncrementalDetokenizer, Tokenizer
+
+log = logging.getLogger("catengine")
 
 
 @dataclass
@@ -25,6 +29,7 @@ class PreparedRequest:
     seeds: list[int]
     arrival_time: float
     special_tokens_visible: bool = False
+    grammar: Any = None          # the compiled grammar of a structured-outputs request (each completion gets a matcher)
 
 
 class Completion:
@@ -43,6 +48,7 @@ class Completion:
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.seq = None                # the scheduler's Sequence, once it exists
+        self.grammar = None            # structured outputs: this completion's GrammarState, released at the finish
         # accumulated since the last delta
         self.new_text: list[str] = []
         self.new_ids: list[int] = []
@@ -66,6 +72,15 @@ class Completion:
             self.cumulative_logprob += logprobs.logprob
         n_out = len(self.token_ids)
         is_stop_token = token in self.stop_ids and n_out >= self.params.min_tokens
+        if self.grammar is not None:
+            if not self.grammar.accept(token):
+                # only possible when the mask allowed nothing (min_tokens masking the stop tokens of a
+                # grammar that has ended): the output so far is what the grammar allowed
+                log.warning("structured output: token %d is not allowed by the grammar; ending the completion",
+                            token)
+                self._emit(self.detok.add(token, is_stop_token=True))
+                return self.finish("stop")
+            is_stop_token = is_stop_token or self.grammar.terminated   # its end ends the output (ignore_eos too)
         self._emit(self.detok.add(token, is_stop_token=is_stop_token))
         if is_stop_token:
             stop_reason = token if token in self.params.stop_token_ids else None
@@ -77,6 +92,8 @@ class Completion:
         return None
 
     def finish(self, reason: str, stop_reason: int | str | None = None) -> str:
+        if self.grammar is not None:
+            self.grammar.release()
         if self.finish_reason is None:
             self._emit(self.detok.flush())
             self.finish_reason, self.stop_reason = reason, stop_reason

@@ -32,6 +32,7 @@ from .config import EngineConfig
 from .cuda_graphs import DecodeGraphs, capture_sizes
 from .memory import MemoryPlan, cuda_cache_budget, plan_memory
 from .models.batch import AttentionCache, BatchMetadata, ModelCaches
+from .kernels import ops
 from .logprobs import prompt_logprobs
 from .sampling import SamplingParams, TokenLogprobs, apply_penalties, sample
 from .scheduler import SchedulerOutput, Sequence
@@ -45,6 +46,18 @@ class BatchShape:
     max_query_len: int
     max_seq_len: int
     decode_only: bool     # every sequence brings one token and continues its GDN state
+
+
+@dataclass
+class _SampleRows:
+    """One entry per sampled row, in SchedulerOutput order: (sequence, is its own row), the hidden row,
+    params, seed, output step and grammar state (None: a free row)."""
+    rows: list
+    last_index: list[int]
+    params: list
+    seeds: list[int]
+    steps: list[int]
+    grammars: list
 
 
 @dataclass
@@ -108,6 +121,7 @@ class ModelRunner:
         self.eos_token_ids = tuple(eos_token_ids)
         self.caches: ModelCaches | None = None   # the profile's throw-away caches stand in until the plan
         self.graphs: DecodeGraphs | None = None  # captured on CUDA without enforce_eager
+        self._bitmasks = None                    # structured outputs' mask buffer, made on first use
         self.memory_plan: MemoryPlan = self._plan_memory(self._profile_cache_budget())
         plan = self.memory_plan
         self.caches = self._allocate(plan.num_blocks, plan.num_state_slots, block_size=plan.block_size)
@@ -181,12 +195,16 @@ class ModelRunner:
             self.caches.copy_state_slot(src, dst)
         t0 = time.perf_counter()
         host, shape = self.host_batch(out)
+        rows = self._sample_rows(out)
         graphs = self.graphs
         if graphs is not None and graphs.can_run(shape, len(out.scheduled), host["block_tables"].shape[1]):
             hidden = graphs.run(host)
         else:
             hidden = self.forward(*self.device_batch(host, shape))
-        token_ids, logprobs = self._sample(out, hidden)
+        # structured outputs: on CUDA the forward is queued, not done, so the grammar masks are filled on
+        # the CPU while the GPU computes the hidden states (the first wait is for the sampled tokens)
+        masks = self._fill_masks(rows)
+        token_ids, logprobs = self._sample(rows, hidden, masks)
         prompt_lps = self._prompt_logprobs(out, hidden)
         for src, dst in out.state_saves:
             self.caches.copy_state_slot(src, dst)
@@ -265,8 +283,8 @@ class ModelRunner:
         return t if self.device.type == "cpu" else t.to(self.device, non_blocking=True)
 
     # ------------------------------------------------------------------ sampling
-    def _sample(self, out: SchedulerOutput, hidden: torch.Tensor):
-        rows, last_index, params, seeds, steps = [], [], [], [], []
+    def _sample_rows(self, out: SchedulerOutput) -> "_SampleRows":
+        rows, last_index, params, seeds, steps, grammars = [], [], [], [], [], []
         offset = 0
         for it in out.scheduled:
             offset += it.num_new
@@ -278,12 +296,28 @@ class ModelRunner:
             params.append(seq.params)
             seeds.append(seq.seed)
             steps.append(seq.num_output_tokens)
+            grammars.append(seq.grammar)
             for seed, child_params in seq.forks:   # the leader's forks share its last-token logits
                 rows.append((seq, False))
                 last_index.append(offset - 1)
                 params.append(child_params)
                 seeds.append(seed)
                 steps.append(0)
+                # nothing is generated yet, so the leader's grammar state is every fork's first state
+                grammars.append(seq.grammar)
+        return _SampleRows(rows, last_index, params, seeds, steps, grammars)
+
+    def _fill_masks(self, rows: "_SampleRows"):
+        if not any(g is not None for g in rows.grammars):
+            return None
+        if self._bitmasks is None:
+            from .structured.bitmask import TokenBitmasks
+            self._bitmasks = TokenBitmasks(self.model.config.vocab_size, self.device)
+        return self._bitmasks.fill(rows.grammars)
+
+    def _sample(self, sample_rows: "_SampleRows", hidden: torch.Tensor, masks=None):
+        rows, last_index, params, seeds, steps = (sample_rows.rows, sample_rows.last_index, sample_rows.params,
+                                                  sample_rows.seeds, sample_rows.steps)
         if not rows:
             return [], []
         index = torch.tensor(last_index, dtype=torch.int64, device=hidden.device)
@@ -292,6 +326,11 @@ class ModelRunner:
         outputs = _Rows(len(rows), lambda i: _Tail(rows[i][0].token_ids, rows[i][0].num_prompt_tokens)
                         if rows[i][1] else ())
         processed = apply_penalties(logits, prompts, outputs, params, self.eos_token_ids)
+        if masks is not None:
+            # after the penalties (a grammar's -inf must stay -inf), on a copy: logprobs read the raw logits
+            if processed is logits:
+                processed = logits.float().clone()
+            ops.apply_token_bitmask(processed, masks[1], masks[0])
         token_ids, logprobs = sample(processed, params, seeds, steps, raw_logits=logits)
         return token_ids.tolist(), logprobs
 

@@ -27,6 +27,7 @@ import torch
 from .errors import InvalidRequest
 from .kernels import ops
 from .logprobs import TokenLogprobs, compute_logprobs, finite_or_neg_inf
+from .structured.params import StructuredOutputsParams
 
 MAX_LOGPROBS = 20
 # Below this temperature a request is greedy (vLLM uses the same threshold): dividing by it would
@@ -85,6 +86,8 @@ class SamplingParams:
       position (the first token has none). Such a request computes its whole prompt: no prefix-cache
       hit skips positions whose logprobs are wanted (as in vLLM).
     - ``n`` > 1: the engine runs :meth:`child` (i) for i in range(n); ``best_of`` must equal n.
+    - ``structured_outputs``: a grammar the output must follow (a :class:`StructuredOutputsParams` or a
+      dict of its fields); the sample rows are masked to what it allows, EOS only where it accepts.
     """
 
     n: int = 1
@@ -107,6 +110,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         put = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
@@ -152,6 +156,11 @@ class SamplingParams:
                 put(name, value)
         if self.logit_bias is not None:
             put("logit_bias", self._normalise_logit_bias(self.logit_bias))
+        if isinstance(self.structured_outputs, Mapping):
+            put("structured_outputs", StructuredOutputsParams.from_dict(dict(self.structured_outputs)))
+        elif self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise _bad("structured_outputs", "None, a StructuredOutputsParams or a dict of its fields",
+                       self.structured_outputs)
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 raise _bad(name, "true or false", getattr(self, name))

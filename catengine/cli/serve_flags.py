@@ -80,6 +80,9 @@ def add_engine_compat_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enable-expert-parallel", action="store_true", help="refused: needs several GPUs")
     p.add_argument("--language-model-only", action="store_true",
                    help="accepted: catengine serves only the language model")
+    p.add_argument("--structured-outputs-config", default=None,
+                   help='structured outputs, JSON: {"backend": "auto" | "xgrammar", "disable_any_whitespace": bool}')
+    p.add_argument("--guided-decoding-backend", default=None, help="older spelling of the structured outputs backend")
 
 
 def add_ignored_arguments(p: argparse.ArgumentParser) -> None:
@@ -126,7 +129,34 @@ def engine_compat_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError(f"--mamba-ssm-cache-dtype {dtype}: catengine keeps the Gated DeltaNet recurrent state in "
                           f"float32 (a lower-precision state is not implemented yet); use auto or float32")
     speculative_config(args)
-    return {"cuda_graph_sizes": cuda_graph_sizes(args)}
+    structured = structured_outputs_config(args)
+    return {"cuda_graph_sizes": cuda_graph_sizes(args), "structured_outputs_backend": structured["backend"],
+            "structured_outputs_disable_any_whitespace": structured["disable_any_whitespace"]}
+
+
+def structured_outputs_config(args: argparse.Namespace) -> dict[str, Any]:
+    """Backend and whitespace rule of structured outputs from --structured-outputs-config (vLLM's JSON; its
+    other keys tune vLLM internals and are logged as ignored) or the older --guided-decoding-backend."""
+    from ..structured import check_backend
+    text = getattr(args, "structured_outputs_config", None)
+    cfg: Any = {}
+    if text:
+        try:
+            cfg = json.loads(text)
+        except ValueError:
+            cfg = None
+        if not isinstance(cfg, dict) or not isinstance(cfg.get("disable_any_whitespace", False), bool):
+            raise ConfigError(f"--structured-outputs-config {text!r} is not a JSON object like "
+                              "'{\"backend\": \"xgrammar\", \"disable_any_whitespace\": true}'")
+        ignored = sorted(set(cfg) - {"backend", "disable_any_whitespace"})
+        if ignored:
+            log.warning("--structured-outputs-config: %s tune vLLM internals; catengine accepts and ignores them",
+                        ignored)
+    names = [n for n in (cfg.get("backend"), getattr(args, "guided_decoding_backend", None)) if n is not None]
+    for name in names:
+        check_backend(name)
+    return {"backend": names[0] if names else "auto",
+            "disable_any_whitespace": cfg.get("disable_any_whitespace", False)}
 
 
 def cuda_graph_sizes(args: argparse.Namespace) -> tuple[int, ...] | None:

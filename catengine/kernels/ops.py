@@ -203,6 +203,14 @@ def sample_tokens(logits, temperature, top_k, top_p, min_p, seeds, steps):
     return sampling_naive.sample_tokens(logits, temperature, top_k, top_p, min_p, seeds, steps)
 
 
+@_op(sampling_naive.apply_token_bitmask)
+def apply_token_bitmask(logits, bitmask, rows):
+    if use_triton(logits.device):
+        from .sampling import bitmask as token_bitmask
+        return token_bitmask.apply_token_bitmask(logits, bitmask, rows)
+    return sampling_naive.apply_token_bitmask(logits, bitmask, rows)
+
+
 OP_NAMES = REGISTRY.names()
 
 
@@ -213,7 +221,7 @@ def triton_ops() -> dict[str, Callable]:
     from .gdn import chunk, conv1d, recurrent
     from .moe import fused, route
     from .norm import norm_rope
-    from .sampling import sampler
+    from .sampling import bitmask, sampler
     from .w4a16 import dequant
     return {
         "rms_norm": norm_rope.rms_norm, "gated_rms_norm": norm_rope.gated_rms_norm, "silu_mul": norm_rope.silu_mul,
@@ -223,6 +231,7 @@ def triton_ops() -> dict[str, Callable]:
         "chunk_gated_delta_rule": chunk.chunk_gated_delta_rule,
         "recurrent_gated_delta_rule": recurrent.recurrent_gated_delta_rule, "w4a16_linear": dequant.w4a16_linear,
         "moe_route": route.moe_route, "fused_moe": fused.fused_moe, "sample_tokens": sampler.sample_tokens,
+        "apply_token_bitmask": bitmask.apply_token_bitmask,
     }
 
 

@@ -38,6 +38,7 @@ class Sequence:
     max_total_tokens: int           # prompt + max output tokens: the most this sequence can ever hold
     arrival: int                    # FCFS order (children inherit the leader's); lower = older
     params: Any = None              # opaque to the scheduler (the runner reads SamplingParams)
+    grammar: Any = None             # opaque too: the engine's structured-outputs matcher (the runner fills masks)
     seed: int = 0                   # sampling seed of this sequence
     # leader of an n > 1 request: (seed, params) of completions 1..n-1, forked once the prompt is computed
     forks: list[tuple[int, Any]] = field(default_factory=list)

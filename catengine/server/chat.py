@@ -22,6 +22,7 @@ from .protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCom
 from .reasoning import get_reasoning_parser, prompt_opens_thinking
 from .serving import Job, ServerContext
 from .streaming import sse, sse_done, sse_error
+from .structured import tool_call_grammar
 from .tool_parsers import get_tool_parser
 from .validation import (build_params, check_common, check_length, check_logprobs, check_messages,
                          check_template_kwargs, sampling_fields)
@@ -137,21 +138,28 @@ def plan_chat(ctx: ServerContext, req: ChatCompletionRequest) -> ChatPlan:
         raise InvalidRequest("continue_final_message is not supported; send the text to continue to /v1/completions")
     prompt = render_messages(ctx, req.messages, tools, kwargs, req.add_generation_prompt)
     opened = prompt_opens_thinking(prompt)
+    # vLLM's prompt_logprobs (a stream reports none: > 0 was refused there)
+    fields = sampling_fields(req, (req.top_logprobs or 0) if req.logprobs else None,
+                             None if req.stream else req.prompt_logprobs)
     if forced:
+        if fields["structured_outputs"] is not None:
+            raise InvalidRequest("a forced tool call (tool_choice required or named) has its own grammar; drop "
+                                 "response_format / structured_outputs, or send tool_choice \"auto\"")
+        named = req.tool_choice.function.name if isinstance(req.tool_choice, NamedToolChoice) else None
+        fields["structured_outputs"] = tool_call_grammar(tools, parser, named)
+    if forced or fields["structured_outputs"] is not None:
+        # the grammar constrains the answer from its first token: a structured answer comes without thinking
         if opened:
             prompt += "\n</think>\n\n"
             opened, thinking = False, False
-        prompt += forced
+    prompt += forced
     prompt_ids = ctx.encode(prompt, add_special_tokens=False)
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     if requested is not None and requested < 1:
         raise InvalidRequest(f"max_completion_tokens must be at least 1, got {requested}")
     room = check_length(len(prompt_ids), ctx.max_model_len, requested, "messages")
     top = (req.top_logprobs or 0) if req.logprobs else None
-    # vLLM's prompt_logprobs (a stream reports none: > 0 was refused there)
-    prompt_lps = None if req.stream else req.prompt_logprobs
-    params = build_params(sampling_fields(req, top, prompt_lps), ctx.generation_config, requested, room, None,
-                          ctx.vocab_size)
+    params = build_params(fields, ctx.generation_config, requested, room, None, ctx.vocab_size)
     # <tool_call> must reach the tool parser even where the tokenizer marks it special
     job = Job(ctx.new_id("chatcmpl"), prompt_ids, params, special_tokens_visible=parser is not None)
     return ChatPlan(req, job, tools, parser, forced, thinking, opened, top)

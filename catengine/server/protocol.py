@@ -97,6 +97,14 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     include_stop_str_in_output: bool = False
     user: str | None = None
     request_id: str | None = None
+    # structured outputs: vLLM's field and its older guided_* spellings (server/structured.py maps them)
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None
+    guided_whitespace_pattern: str | None = None
 
 
 class ChatCompletionRequest(_SamplingFields, kw_only=True):

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..errors import ContextTooLong, InvalidRequest
 from ..sampling import MAX_LOGPROBS, SamplingParams
+from .structured import request_structured_outputs
 
 MAX_N = 128                  # more choices than this is a mistake, not a use case
 MAX_STOP_STRINGS = 64
@@ -42,10 +43,6 @@ def check_common(req: Any) -> None:
     if fmt is not None:
         if fmt.type not in _FORMAT_TYPES:
             raise InvalidRequest(f"response_format.type must be one of {list(_FORMAT_TYPES)}, got {fmt.type!r}")
-        if fmt.type != "text":
-            raise InvalidRequest(f"response_format {fmt.type!r} needs guided decoding, which this server does "
-                                 "not support yet; drop response_format (or use {\"type\": \"text\"}) and ask "
-                                 "for JSON in the prompt")
 
 
 # OpenAI requires content on these roles; an assistant message may carry only tool_calls (or be a prefill)
@@ -83,6 +80,7 @@ def sampling_fields(req: Any, logprobs: int | None, prompt_logprobs: int | None 
         "min_tokens": req.min_tokens, "stop": req.stop, "stop_token_ids": req.stop_token_ids,
         "ignore_eos": req.ignore_eos, "logprobs": logprobs, "skip_special_tokens": req.skip_special_tokens,
         "include_stop_str_in_output": req.include_stop_str_in_output,
+        "structured_outputs": request_structured_outputs(req),
     }
 
 

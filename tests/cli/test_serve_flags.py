@@ -152,3 +152,15 @@ def test_ignored_flags_are_logged_and_yield_to_real_ones(caplog):
     serve_flags.add_ignored_arguments(p)
     args = p.parse_args(["--swap-space", "3"])
     assert args.swap_space == 3 and "--swap-space" not in args.ignored_flags
+
+
+def test_structured_outputs_flags_pick_the_backend():
+    kw = serve_cli.engine_kwargs(parse("--structured-outputs-config '{\"backend\": \"xgrammar\", "
+                                       "\"disable_any_whitespace\": true, \"disable_fallback\": true}'"))
+    assert kw["structured_outputs_backend"] == "xgrammar" and kw["structured_outputs_disable_any_whitespace"]
+    assert serve_cli.engine_kwargs(parse("--guided-decoding-backend auto"))["structured_outputs_backend"] == "auto"
+    for line in ("--guided-decoding-backend guidance", "--structured-outputs-config '{\"backend\": \"outlines\"}'"):
+        with pytest.raises(ConfigError, match="xgrammar only"):
+            serve_cli.engine_kwargs(parse(line))
+    with pytest.raises(ConfigError, match="not a JSON object"):
+        serve_cli.engine_kwargs(parse("--structured-outputs-config xgrammar"))

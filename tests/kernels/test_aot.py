@@ -16,6 +16,7 @@ AOT_MODULES = (
     "catengine.kernels.attention.kv_store",
     "catengine.kernels.norm.norm_rope",
     "catengine.kernels.sampling.sampler",
+    "catengine.kernels.sampling.bitmask",
     "catengine.kernels.gdn.conv1d",
     "catengine.kernels.gdn.chunk",
     "catengine.kernels.gdn.recurrent",

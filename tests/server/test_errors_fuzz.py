@@ -74,7 +74,6 @@ BAD_CHAT = [
     (chat(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "g"}}), "not among tools"),
     (chat(tool_choice="required"), "no tools"),
     (chat(tools=TOOLS, tool_choice="sometimes"), "tool_choice"),
-    (chat(response_format={"type": "json_object"}), "response_format"),
     (chat(response_format={"type": "xml"}), "response_format"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
       "max_tokens": 2}, "text only"),

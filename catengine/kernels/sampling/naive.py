@@ -66,7 +66,21 @@ def sample_tokens(logits, temperature, top_k, top_p, min_p, seeds, steps):
         k_o, tp_o = k[ordered, None], tp[ordered, None]
         keep_sorted = ((k_o <= 0) | (rank < k_o)) & (sorted_p.cumsum(-1) - sorted_p < tp_o)
         keep[ordered] &= torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
+    # a token of probability 0 (a -inf logit: a grammar's mask) is never drawn. Without this, u == 1.0 (the
+    # uniform's top value rounds to 1 in fp32, about once per 2^24 tokens) made its score 0 / 0 = NaN,
+    # and argmax takes NaN; the kernel's comparisons never pick a NaN score
+    keep &= probs > 0
     u = sampling_uniforms(seeds[rows], steps[rows], probs.shape[-1])
     score = torch.where(keep, probs / -torch.log(u), torch.full_like(probs, -1.0))
     out[rows] = score.argmax(-1)
     return out
+
+
+def apply_token_bitmask(logits, bitmask, rows):
+    """Structured outputs' mask, in place: ``logits[rows[i], t] = -inf`` wherever bit ``t % 32`` of
+    ``bitmask[i, t // 32]`` is 0 (xgrammar's layout: little-endian bits in int32 words). logits [B, V]
+    fp32 (other rows untouched); bitmask [R, W] int32 with 32 * W >= V; rows [R] int64, distinct."""
+    V = logits.shape[1]
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).reshape(bitmask.shape[0], -1)[:, :V].bool()
+    logits[rows] = logits[rows].masked_fill(~allowed.to(logits.device), float("-inf"))
