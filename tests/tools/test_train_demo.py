@@ -108,7 +108,8 @@ def test_training_script_smoke(tmp_path):
 
     out = tmp_path / "demo"
     assert main(["--out", str(out), "--tiny", "--max-steps", "3", "--train-seconds", "60", "--seq-len", "64",
-                 "--batch", "2", "--tokenizer-mb", "0.3", "--eval-tokens", "256", "--corpus-mb", "1"]) == 0
+                 "--batch", "2", "--tokenizer-mb", "0.3", "--eval-tokens", "256", "--corpus-mb", "1",
+                 "--held-out-fraction", "0.3", "--sample-tokens", "3", "--eval-every", "1000"]) == 0
     metrics = json.loads((out / "train_metrics.json").read_text())
     assert metrics["steps"] == 3 and metrics["heldout_code"]["tokens"] >= 64
     cfg = json.loads((out / "config.json").read_text())

@@ -26,6 +26,7 @@ from .model import DemoConfig, DemoModel, save_checkpoint
 TINY = dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
             linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=32, linear_value_head_dim=32,
             layer_types=("linear_attention",) * 3 + ("full_attention",))
+FINAL_RESERVE_S = 45.0           # final evaluation, samples and checkpoint on the H200
 HELD_OUT_SAMPLE_CHARS = 60_000   # held-out text shipped with the model, for the CPU perplexity tests
 
 
@@ -44,7 +45,7 @@ def encode_stream(tok, docs: list[str], sep_id: int) -> torch.Tensor:
 
 def batch_windows(stream: torch.Tensor, n: int, T: int, gen: torch.Generator) -> torch.Tensor:
     starts = torch.randint(0, stream.numel() - T - 1, (n,), generator=gen)
-    return stream[starts[:, None] + torch.arange(T + 1)]
+    return stream[(starts[:, None] + torch.arange(T + 1)).to(stream.device)]
 
 
 def losses(model: DemoModel, x: torch.Tensor, mtp_weight: float):
@@ -106,6 +107,8 @@ def parse_args(argv):
     ap.add_argument("--tiny", action="store_true", help="a toy config and corpus, for a CPU smoke test")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--train-seconds", type=float, default=360.0)
+    ap.add_argument("--deadline-seconds", type=float, default=510.0,
+                    help="wall-clock budget of the whole run; training ends early enough to evaluate and save")
     ap.add_argument("--max-steps", type=int, default=0, help="stop after N steps too (0: time only)")
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=32)
@@ -120,6 +123,8 @@ def parse_args(argv):
     ap.add_argument("--tokenizer-mb", type=float, default=30.0, help="corpus characters the BPE trainer reads")
     ap.add_argument("--eval-tokens", type=int, default=500_000)
     ap.add_argument("--eval-every", type=float, default=60.0, help="seconds between quick held-out evals")
+    ap.add_argument("--sample-tokens", type=int, default=80, help="greedy tokens of the two sample answers")
+    ap.add_argument("--held-out-fraction", type=float, default=0.02, help="share of files held out")
     ap.add_argument("--config-json", default=None, help="DemoConfig overrides as JSON")
     return ap.parse_args(argv)
 
@@ -138,12 +143,12 @@ def main(argv=None) -> int:
     if args.vocab:
         overrides["vocab_size"] = args.vocab
     cfg = DemoConfig(**{k: tuple(v) if k == "layer_types" else v for k, v in overrides.items()})
-    log(f"python {sys.version.split()[0]} torch {torch.__version__} device {device} "
-        f"{torch.cuda.get_device_name() if device.type == 'cuda' else ''}")
+    log(f"python {sys.version.split()[0]} torch {torch.__version__} device {device}")
 
     # ---- data
     files = corpus.collect(args.seed, package_cap_mb=args.package_mb, total_cap_mb=args.corpus_mb,
-                           stdlib_only=args.tiny, limit_files=300 if args.tiny else None)
+                           held_out_fraction=args.held_out_fraction, stdlib_only=args.tiny,
+                           limit_files=300 if args.tiny else None)
     train_files = [f for f in files if not f.held_out]
     held_files = [f for f in files if f.held_out]
     chat_train, chat_held = chat_data.build_chat(files, args.seed, workers=min(16, os.cpu_count() or 1))
@@ -170,7 +175,8 @@ def main(argv=None) -> int:
     # ---- token streams
     code = encode_stream(tok, train_docs, eos)
     chat = encode_stream(tok, chat_train, eos)
-    held_code_text = "".join(f.text + "<|endoftext|>" for f in held_files)
+    # the shipped sample is standard-library text only (one licence, and the same on every machine's Python)
+    held_code_text = "".join(f.text + "<|endoftext|>" for f in held_files if f.root == "stdlib")
     held_chat_text = "".join(chat_held)
     held_code = encode_stream(tok, [f.text for f in held_files], eos)
     held_chat = encode_stream(tok, chat_held, eos)
@@ -181,6 +187,11 @@ def main(argv=None) -> int:
         f"({sum(len(d) for d in train_docs) / max(1, code.numel()):.2f} chars/token)")
     code, chat = code.to(device), chat.to(device)
     t_data = time.perf_counter() - t_start
+    # the whole run must fit its wall-clock slot: a slow data build shortens training, not the final eval/save
+    train_seconds = min(args.train_seconds, args.deadline_seconds - t_data - FINAL_RESERVE_S)
+    if device.type == "cuda":
+        log(f"gpu: {torch.cuda.get_device_name()}")
+    log(f"data ready in {t_data:.0f} s; training for {train_seconds:.0f} s")
 
     # ---- model
     model = DemoModel(cfg).to(device)
@@ -207,9 +218,9 @@ def main(argv=None) -> int:
     history = []
     while True:
         elapsed = time.perf_counter() - t0
-        if elapsed >= args.train_seconds or (args.max_steps and step >= args.max_steps):
+        if elapsed >= train_seconds or (args.max_steps and step >= args.max_steps):
             break
-        progress = min(1.0, elapsed / args.train_seconds)
+        progress = min(1.0, elapsed / train_seconds)
         lr = args.lr * min(1.0, (step + 1) / args.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
         for g in opt.param_groups:
             g["lr"] = lr
@@ -240,7 +251,11 @@ def main(argv=None) -> int:
     # ---- final evaluation and checkpoint
     results = {"steps": step, "train_tokens": tokens, "train_seconds": round(train_s, 1),
                "data_seconds": round(t_data, 1), "parameters": model.num_parameters(), "config": overrides,
-               "args": vars(args), "history": history}
+               "args": vars(args), "history": history, "corpus": {
+                   "files": len(files), "held_out_files": len(held_files), "roots": roots,
+                   "chars": sum(len(f.text) for f in files), "chat_train": len(chat_train),
+                   "chat_held_out": len(chat_held), "code_tokens": code.numel(), "chat_tokens": chat.numel(),
+                   "held_out_code_tokens": held_code.numel(), "held_out_chat_tokens": held_chat.numel()}}
     for name, stream in (("train_code", code.cpu()[: args.eval_tokens + T + 1]), ("heldout_code", held_code),
                          ("heldout_chat", held_chat)):
         if stream.numel() > T + 1:
@@ -250,7 +265,7 @@ def main(argv=None) -> int:
                 f"mtp t+2 top1 {r['mtp_top1']:.3f} over {r['tokens']} tokens")
     for q in ("What does `json.dumps` do?", "Write a Python function that returns the factorial of n."):
         prompt = chat_data.render(q, "").split("<think>")[0] + "<think>\n\n</think>\n\n"
-        ans = greedy(model, tok, prompt, 80, device, im_end)
+        ans = greedy(model, tok, prompt, args.sample_tokens, device, im_end)
         results.setdefault("samples", {})[q] = ans
         log(f"sample {q!r} -> {ans!r}")
     save_checkpoint(model, out, {}, im_end, eos)
