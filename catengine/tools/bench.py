@@ -299,7 +299,7 @@ def run_bench(args) -> int:
         report["correctness"] = correctness_report(workdir, args, sizes)
     if "quality" in sections:
         from .bench_quality import quality_report
-        report["quality"] = quality_report(args, max_tokens=1024 if args.quick else 4096)
+        report["quality"] = quality_report(args, max_tokens=256 if args.quick else 4096)
     _write(out, report)
     print(f"wrote {out}")
     return 0

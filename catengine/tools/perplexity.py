@@ -63,7 +63,7 @@ def load(model_path, dtype: torch.dtype, device, dense: bool = False):
 
 
 @torch.no_grad()
-def perplexity(model, token_ids: list[int], *, window: int = 512, chunk: int = 128, max_tokens: int = 4096,
+def perplexity(model, token_ids: list[int], *, window: int = 512, chunk: int = 256, max_tokens: int = 4096,
                kv_cache_dtype: str = "auto", block_size: int = 16) -> dict:
     """Mean next-token cross-entropy (and exp of it), top-1 accuracy and the MTP head's t+2 top-1 accuracy over
     the first ``max_tokens`` tokens of ``token_ids``, in independent windows of ``window`` tokens."""
@@ -151,7 +151,7 @@ def main(argv=None) -> int:
     ap.add_argument("--text-file", default="heldout_code.txt", choices=HELD_OUT_FILES)
     ap.add_argument("--max-tokens", type=int, default=4096)
     ap.add_argument("--window", type=int, default=512)
-    ap.add_argument("--chunk", type=int, default=128)
+    ap.add_argument("--chunk", type=int, default=256)
     a = ap.parse_args(argv)
     try:
         res = evaluate_path(a.model, dtype=a.dtype, device=a.device, kv_cache_dtype=a.kv_cache_dtype, dense=a.dense,
