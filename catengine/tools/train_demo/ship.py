@@ -27,6 +27,8 @@ def ship(src: Path, dst: Path = TRAINED_DIR, max_bytes: int = MAX_SHIPPED_BYTES)
         if total > max_bytes:
             print(f"ship: {total} bytes exceed the {max_bytes}-byte budget; train a smaller model", file=sys.stderr)
             return 1
+        for p in out.iterdir():
+            p.chmod(0o644)   # safetensors writes 0600; the files go into git and a shared install
         if dst.exists():
             shutil.rmtree(dst)
         shutil.move(str(out), str(dst))
