@@ -16,9 +16,11 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 MAX_SHIPPED_BYTES = 20_000_000
 TOKENS = 1024
-PPL_FLOAT32_MAX = None       # set from the measured value below (bench/NOTES.md)
-FP8_LOSS_DELTA_MAX = 0.05    # nats/token: fp8 e5m2 K/V keep 2 mantissa bits; measured below
-MTP_TOP1_MIN = None
+# measured on these 1024 tokens (bench/NOTES.md): AWQ float32 ppl 12.18 (the bf16 model before quantization 11.76),
+# fp8 e5m2 KV +0.0015 nats/token, MTP t+2 top-1 0.484
+PPL_FLOAT32_MAX = 13.0       # +0.065 nats/token of margin
+FP8_LOSS_DELTA_MAX = 0.02    # 13x the measured cost of 2-mantissa-bit K/V
+MTP_TOP1_MIN = 0.45
 QUESTION = "What does `json.dumps` do?"
 
 
@@ -54,7 +56,7 @@ def test_heldout_perplexity_float32_awq(float32, demo):
 def test_heldout_perplexity_fp8_e5m2_kv(float32, demo):
     fp8 = evaluate_path(demo, dtype="float32", kv_cache_dtype="fp8_e5m2", max_tokens=TOKENS)
     assert fp8["loss"] - float32["loss"] <= FP8_LOSS_DELTA_MAX, (fp8, float32)
-    assert fp8["ppl"] <= PPL_FLOAT32_MAX * 1.05
+    assert fp8["ppl"] <= PPL_FLOAT32_MAX
 
 
 def test_mtp_head_predicts_t_plus_2(float32):
@@ -78,7 +80,9 @@ def test_fixed_chat_question_gets_words_or_python():
     from catengine import Engine, SamplingParams
     engine = Engine(max_model_len=512, max_num_seqs=2)
     try:
-        out = engine.chat([{"role": "user", "content": QUESTION}], SamplingParams(temperature=0, max_tokens=96))[0]
+        # 24 tokens: the CPU W4A16 twin dequantizes every weight per step (seconds per token on this shared CPU)
+        out = engine.chat([{"role": "user", "content": QUESTION}], SamplingParams(temperature=0, max_tokens=24),
+                          chat_template_kwargs={"enable_thinking": False})[0]
     finally:
         engine.close()
     answer = out.text.split("</think>")[-1].strip()
