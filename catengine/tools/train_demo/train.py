@@ -167,7 +167,7 @@ def main(argv=None) -> int:
         sample.append(text)
         used += len(text)
     tok = bpe.train_tokenizer(sample, cfg.vocab_size, used)
-    tok_path = bpe.save_tokenizer(tok, out)
+    bpe.save_tokenizer(tok, out)
     eos, im_end = tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")
     log(f"tokenizer: {tok.get_vocab_size(with_added_tokens=True)} ids trained on {used / 1e6:.1f} MB "
         f"(<|endoftext|>={eos}, <|im_end|>={im_end})")
@@ -270,6 +270,5 @@ def main(argv=None) -> int:
         log(f"sample {q!r} -> {ans!r}")
     save_checkpoint(model, out, {}, im_end, eos)
     (out / "train_metrics.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
-    del tok_path
     log(f"wrote {out} in {time.perf_counter() - t_start:.0f} s total ({t_data:.0f} s data, {train_s:.0f} s train)")
     return 0
