@@ -10,13 +10,15 @@
 
 The engine thread owns the Engine: requests reach it through a command queue, deltas come back
 through each stream's asyncio queue (``loop.call_soon_threadsafe``). Tokenization and validation
-(``Engine.prepare_request``) run on the preparation thread before anything is queued, so a bad
-request raises at once. That thread is the one place where request preparation runs: a single
-worker, because HF fast tokenizers are not safe to call concurrently (the server renders its chat
-templates there too, through :meth:`AsyncEngine.run_on_prep_thread`). A stream
+(``Engine.prepare_request``) run on the preparation threads before anything is queued, so a bad
+request raises at once. Those threads are the one place where request preparation runs (the server
+renders its chat templates there too, through :meth:`AsyncEngine.run_on_prep_thread`): one worker,
+and a second under load with its own tokenizer copy (HF fast tokenizers are not safe to share
+between threads). A stream
 that is abandoned (its generator closed, its task cancelled) aborts its request, which frees its
 blocks and state slot. If the engine loop raises, the engine is dead: every stream and every later
-call gets :class:`EngineDead`.
+call gets :class:`EngineDead`. The preparation queue serves its tasks round-robin by request
+(:class:`catengine.prep_queue.FairPrepQueue`), so one request's work cannot starve another's.
 """
 from __future__ import annotations
 
@@ -25,13 +27,13 @@ import collections
 import logging
 import threading
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, TypeVar
 
 from .engine import Engine, Prompt
 from .errors import EngineDead, InvalidRequest
 from .outputs import CompletionOutput, RequestOutput, StreamDelta
+from .prep_queue import FairPrepQueue
 from .request_state import PreparedRequest
 from .sampling import SamplingParams
 
@@ -61,7 +63,8 @@ class AsyncEngine:
         self._dead: EngineDead | None = None
         self._stopping = False
         self._stats: dict[str, Any] = self.engine.stats()
-        self._prep_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="catengine-prep")
+        # a second worker, started under load, tokenizes with its own copy of the tokenizer
+        self._prep = FairPrepQueue(worker_init=self.engine.tokenizer.use_private_copy)
         self._thread = threading.Thread(target=self._loop, name="catengine-engine", daemon=True)
         self._thread.start()
 
@@ -103,15 +106,25 @@ class AsyncEngine:
             raise EngineDead(str(self._dead)) from self._dead.__cause__
 
     def stats(self) -> dict[str, Any]:
-        """Engine.stats() as of the last step (thread-safe snapshot)."""
+        """Engine.stats() as of the last step (thread-safe snapshot), plus the preparation queue's
+        live figures (``FairPrepQueue.stats``)."""
         with self._lock:
-            return dict(self._stats)
+            stats = dict(self._stats)
+        stats.update(self._prep.stats())
+        return stats
 
     # ------------------------------------------------------------------ requests
+    def check_prompt_chars(self, text: str) -> None:
+        """ContextTooLong for a text too long to fit the context, without tokenizing it
+        (``Engine.check_prompt_chars``); safe from any thread."""
+        self.engine.check_prompt_chars(text)
+
     async def run_on_prep_thread(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the preparation thread, off the event loop: for tokenizer work of the
-        caller's own (chat templates, encoding), which must not run beside request preparation."""
-        return await asyncio.get_running_loop().run_in_executor(self._prep_pool, fn, *args)
+        caller's own (chat templates, encoding), which must not run beside request preparation.
+        Tasks are served round-robin by ``prep_queue.prep_owner`` (one per server request), so one
+        request's many tasks do not hold back another's."""
+        return await asyncio.wrap_future(self._prep.submit(fn, *args))
 
     async def prepare(self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None, *,
                       special_tokens_visible: bool = False, arrival_time: float | None = None) -> PreparedRequest:
@@ -170,11 +183,13 @@ class AsyncEngine:
     async def generate(self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None,
                        **kwargs) -> RequestOutput:
         """Run one request to completion and return its output (built from the stream)."""
-        rid, prompt_ids, metrics, cached = request_id, [], None, 0
+        rid, prompt_ids, metrics, cached, prompt_lps = request_id, [], None, 0, None
         texts: dict[int, list[str]] = {}
         comps: dict[int, CompletionOutput] = {}
         async for d in self.stream(prompt, params, request_id, **kwargs):
             rid, prompt_ids, metrics, cached = d.request_id, d.prompt_token_ids, d.metrics, d.num_cached_tokens
+            if d.prompt_logprobs is not None:
+                prompt_lps = list(d.prompt_logprobs)
             c = comps.setdefault(d.index, CompletionOutput(d.index, "", [], logprobs=None))
             texts.setdefault(d.index, []).append(d.text)
             c.token_ids.extend(d.token_ids)
@@ -186,7 +201,8 @@ class AsyncEngine:
             if c.logprobs is not None:
                 c.cumulative_logprob = sum(lp.logprob for lp in c.logprobs)
         text = prompt if isinstance(prompt, str) else None
-        return RequestOutput(rid, text, list(prompt_ids), [comps[i] for i in sorted(comps)], True, metrics, cached)
+        return RequestOutput(rid, text, list(prompt_ids), [comps[i] for i in sorted(comps)], True, metrics, cached,
+                             prompt_lps)
 
     def abort(self, request_id: str) -> None:
         """Abort a request from any thread; its stream (if still read) ends with finish_reason "abort"."""
@@ -265,7 +281,7 @@ class AsyncEngine:
         self._stopping = True
         self._wake.set()
         self._thread.join(timeout)
-        self._prep_pool.shutdown(wait=False, cancel_futures=True)
+        self._prep.shutdown()
 
     def __enter__(self) -> "AsyncEngine":
         return self

@@ -60,6 +60,9 @@ class EngineConfig:
                                             "of the cache budget, at most max(8 * max_num_seqs, 64)")
     num_kv_blocks: int | None = _help("exact number of KV blocks (testing/debugging); None: from the memory plan")
     enforce_eager: bool = _help("never use CUDA graphs", False)
+    cuda_graph_sizes: tuple[int, ...] | None = _help("decode batch sizes to capture CUDA graphs for (those above "
+                                                     "max_num_seqs are dropped); None: 1, 2, 4, 8, 16, 24, ... up to "
+                                                     "min(max_num_seqs, 256)")
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> "EngineConfig":
@@ -97,6 +100,11 @@ class EngineConfig:
         if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or r < 0:
             raise ConfigError(f"kv_cache_auto_trim_ratio must be a number >= 0 (0 disables trimming), got {r!r}")
         _int(self, "seed")
+        sizes = self.cuda_graph_sizes
+        if sizes is not None and (not isinstance(sizes, (tuple, list)) or not sizes or not all(
+                isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in sizes)):
+            raise ConfigError(f"cuda_graph_sizes must be a non-empty list of positive batch sizes (e.g. [1, 2, 4, 8]) "
+                              f"or None, got {sizes!r}")
         if (self.max_num_seqs is not None and self.max_num_batched_tokens is not None
                 and self.max_num_batched_tokens < self.max_num_seqs):
             raise ConfigError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
@@ -152,6 +160,13 @@ def check_dtype_supported(dtype: torch.dtype, device: torch.device) -> None:
     # emulates bf16 tensors there), and the row follows CATENGINE_ARCH=70 as a V100 would. forced_arch() first:
     # a bad CATENGINE_ARCH is a ConfigError at engine start, whatever the dtype
     forced = forced_arch()
+    if dtype == torch.float32 and device.type == "cuda":
+        # the Triton launch tables are sized for 16-bit activations: with fp32 inputs the GDN serial state
+        # kernel (h_bv 64, 3 stages) asks 279,552 B of shared memory on the H200 (227 KB is the limit) and
+        # dies at the first prefill; refusing here beats a crash minutes later
+        raise ConfigError("dtype float32 is not supported on CUDA: the kernels' launch tables are sized for 16-bit "
+                          "activations (float32 overflows the GDN kernel's shared memory); use dtype='float16' "
+                          "(or 'bfloat16' on sm_80+), or device='cpu' for float32")
     if dtype == torch.bfloat16 and not bf16_supported(device):
         where = (f"CATENGINE_ARCH={forced} makes every device sm_{forced}" if forced is not None
                  else f"this GPU is sm_{device_cc(device)}")

@@ -40,6 +40,14 @@ def graph_batch_sizes(max_num_seqs: int, limit: int = MAX_GRAPH_BATCH) -> list[i
     return sizes
 
 
+def capture_sizes(explicit, max_num_seqs: int) -> list[int]:
+    """The batch sizes to capture: ``explicit`` (EngineConfig.cuda_graph_sizes) sorted, without those above
+    max_num_seqs (a decode batch is never larger), else :func:`graph_batch_sizes`. May be empty."""
+    if explicit is None:
+        return graph_batch_sizes(max_num_seqs)
+    return sorted({int(b) for b in explicit if b <= max_num_seqs})
+
+
 class DecodeGraphs:
     def __init__(self, model, caches: ModelCaches, *, batch_sizes: list[int], max_model_len: int,
                  pad_state_slot: int, device: torch.device, capture: bool = True):

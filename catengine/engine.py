@@ -89,10 +89,8 @@ class Engine:
         self._counters = Counter()
         self._finish_reasons = Counter()
         log.info("catengine: %s on %s (%s, KV %s); %s", path, device, cfg.dtype, cfg.kv_cache_dtype, plan.describe())
-        log.info("KV capacity: %d tokens = %d sequences of max_model_len %d at once (max_num_seqs %d); decode CUDA "
-                 "graphs: %s", plan.kv_capacity_tokens, plan.kv_capacity_tokens // plan.max_model_len,
-                 plan.max_model_len, cfg.max_num_seqs,
-                 f"batch sizes up to {self.runner.graphs.max_batch}" if self.runner.graphs else "off (eager)")
+        log.info("%s", capacity_line(plan, cfg.max_num_seqs, self.runner.graphs.max_batch if self.runner.graphs
+                                     else None))
 
     @property
     def memory_plan(self) -> MemoryPlan:
@@ -125,14 +123,29 @@ class Engine:
         return PreparedRequest(request_id or uuid.uuid4().hex, text, ids, params, max_tokens, children, seeds,
                                time.time() if arrival_time is None else arrival_time, special_tokens_visible)
 
+    def check_prompt_chars(self, text: str) -> None:
+        """ContextTooLong, before tokenizing, for a text too long to fit ``max_model_len`` tokens
+        whatever it says (longer than ``max_model_len * Tokenizer.max_token_chars`` characters):
+        tokenizing tens of megabytes takes tens of seconds on the preparation thread."""
+        max_len = self.config.max_model_len
+        if len(text) <= max_len:   # every token is at least one character: no need for the bound
+            return
+        limit = max_len * self.tokenizer.max_token_chars
+        if len(text) > limit:
+            raise ContextTooLong(f"the prompt has {len(text)} characters, more than the {limit} that "
+                                 f"max_model_len {max_len} tokens can hold ({self.tokenizer.max_token_chars} "
+                                 "characters per token at most); shorten the prompt")
+
     def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, Mapping):
             text, ids = prompt.get("prompt"), prompt.get("prompt_token_ids")
             if ids is None:
                 if not isinstance(text, str):
                     raise InvalidRequest("a prompt dict needs 'prompt' (a string) or 'prompt_token_ids'")
+                self.check_prompt_chars(text)
                 ids = self.tokenizer.encode(text)
         elif isinstance(prompt, str):
+            self.check_prompt_chars(prompt)
             text, ids = prompt, self.tokenizer.encode(prompt)
         elif isinstance(prompt, (list, tuple)):
             text, ids = None, prompt
@@ -150,7 +163,8 @@ class Engine:
         state = RequestState(prep, self.tokenizer, self.eos_token_ids)
         forks = [(seed, p) for seed, p in zip(prep.seeds[1:], prep.completion_params[1:])]
         seq = self.scheduler.add(prep.request_id, prep.prompt_token_ids, len(prep.prompt_token_ids) + prep.max_tokens,
-                                 params=prep.completion_params[0], seed=prep.seeds[0], forks=forks)
+                                 params=prep.completion_params[0], seed=prep.seeds[0], forks=forks,
+                                 skip_prefix_cache=prep.params.prompt_logprobs is not None)
         state.completions[0].seq = seq
         self._requests[prep.request_id] = state
         return prep.request_id
@@ -196,6 +210,8 @@ class Engine:
                 if metrics.first_scheduled_time is None:
                     metrics.first_scheduled_time = now
             result = self.runner.execute(out)
+            for seq, first, entries in result.prompt_logprobs:   # before the tokens: the first delta carries them
+                self._requests[seq.request_id].add_prompt_logprobs(first, entries)
             events = sched.update(out, result.token_ids)
             now = time.time()
             max_len = self.config.max_model_len
@@ -300,6 +316,7 @@ class Engine:
             "num_running_seqs": s.num_running, "num_waiting_seqs": s.num_waiting,
             "kv_cache_usage": s.kv_cache_usage, "num_kv_blocks": s.num_blocks,
             "num_free_kv_blocks": s.num_free_blocks, "num_cached_kv_blocks": s.num_cached_blocks,
+            "num_evictable_kv_blocks": s.num_evictable_blocks,
             "kv_capacity_tokens": self.memory_plan.kv_capacity_tokens,
             "prefix_cache_queries": s.prefix_cache_queries, "prefix_cache_hits": s.prefix_cache_hits,
             "num_preemptions": s.num_preemptions, "num_state_snapshots": s.num_state_snapshots,
@@ -320,6 +337,18 @@ class Engine:
         self._touched.clear()
         self.runner.close()
         self.model = None
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def capacity_line(plan: MemoryPlan, max_num_seqs: int, graph_max_batch: int | None) -> str:
+    """The start-up line of the KV capacity (tokens, whole max_model_len sequences) and the decode graphs."""
+    graphs = f"batch sizes up to {graph_max_batch}" if graph_max_batch else "off (eager)"
+    return (f"KV capacity: {plural(plan.kv_capacity_tokens, 'token')} = "
+            f"{plural(plan.kv_capacity_tokens // plan.max_model_len, 'sequence')} of max_model_len "
+            f"{plan.max_model_len} at once (max_num_seqs {max_num_seqs}); decode CUDA graphs: {graphs}")
 
 
 def _as_prompt_list(prompts) -> list[Prompt]:

@@ -101,7 +101,12 @@ def plan_memory(cfg: EngineConfig, *, kv_bytes_per_block: int, state_bytes_per_s
     def blocks_with(num_snapshots: int) -> int:
         if cfg.num_kv_blocks is not None:
             return cfg.num_kv_blocks
-        return max(0, budget - live_bytes - num_snapshots * state_bytes_per_slot) // kv_bytes_per_block
+        left = budget - live_bytes - num_snapshots * state_bytes_per_slot
+        if kv_bytes_per_block == 0:
+            # no full-attention layer: blocks cost nothing (the scheduler still counts tokens in them), so
+            # every sequence gets max_model_len, as long as the state slots fit
+            return -(-want_len * seqs // bs) if left >= 0 else 0
+        return max(0, left) // kv_bytes_per_block
 
     need = -(-want_len // bs)
     num_blocks = blocks_with(snapshots)
@@ -134,11 +139,13 @@ def _too_small(cfg: EngineConfig, max_model_len: int, need: int, have: int, budg
         return ConfigError(f"num_kv_blocks={cfg.num_kv_blocks} holds {cfg.num_kv_blocks * cfg.block_size} tokens but "
                            f"max_model_len is {max_model_len} ({need} blocks); raise num_kv_blocks or lower "
                            f"max_model_len")
+    if kv_bytes_per_block == 0:
+        return ConfigError(
+            f"the {cfg.max_num_seqs} GDN state slots and the snapshot pool take {_gib(state_bytes)}, more than the "
+            f"{_gib(max(budget, 0))} cache budget; lower max_num_seqs or raise {_budget_knob(cfg)}")
     needed = need * kv_bytes_per_block + state_bytes
     fits = max(0, budget - state_bytes) // kv_bytes_per_block * cfg.block_size
-    where = ("kv_cache_memory_bytes" if cfg.kv_cache_memory_bytes is not None
-             else "the CPU cache budget (set kv_cache_memory_bytes)" if cfg.device == "cpu"
-             else "gpu_memory_utilization")
+    where = _budget_knob(cfg)
     fp8 = " or kv_cache_dtype='fp8_e5m2' (halves the KV size)" if cfg.kv_cache_dtype == "auto" else ""
     if fits == 0:
         return ConfigError(
@@ -149,3 +156,9 @@ def _too_small(cfg: EngineConfig, max_model_len: int, need: int, have: int, budg
         f"{kv_bytes_per_block} bytes) plus {cfg.max_num_seqs} state slots and the snapshot pool, but only "
         f"{_gib(max(budget, 0))} is available for caches (room for {fits} tokens, {have} blocks). Lower max_model_len "
         f"to at most {max(fits, 0)}, lower max_num_seqs, raise {where}{fp8}.")
+
+
+def _budget_knob(cfg: EngineConfig) -> str:
+    return ("kv_cache_memory_bytes" if cfg.kv_cache_memory_bytes is not None
+            else "the CPU cache budget (set kv_cache_memory_bytes)" if cfg.device == "cpu"
+            else "gpu_memory_utilization")

@@ -43,6 +43,21 @@ ENGINE_COUNTERS = {
 }
 
 
+# Figures vLLM has no metric for, under our own prefix: the preparation queue (work accepted but not
+# yet prepared, which num_requests_waiting cannot see) and the KV blocks by state.
+OWN_PREFIX = "catengine:"
+OWN_GAUGES = {
+    "prep_tasks_waiting": ("prep_queue_tasks", "Preparation tasks (templates, tokenization) queued, not started."),
+    "prep_owners_waiting": ("prep_queue_requests", "Requests with preparation tasks queued."),
+    "prep_tasks_running": ("prep_queue_running", "Preparation tasks running (one per worker at most)."),
+    "prep_workers": ("prep_workers", "Preparation worker threads started (a second starts under load)."),
+    "num_kv_blocks": ("kv_cache_blocks", "KV-cache blocks in the pool."),
+    "num_free_kv_blocks": ("kv_cache_available_blocks", "KV-cache blocks free or evictable (usable now)."),
+    "num_evictable_kv_blocks": ("kv_cache_evictable_blocks",
+                                "KV-cache blocks holding a cached prefix that no sequence references (evictable)."),
+}
+
+
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
@@ -113,13 +128,19 @@ class Metrics:
             for _ in range(max(tokens, 1)):
                 self.itl.observe(seconds / max(tokens, 1))
 
-    def observe_finished(self, reason: str, prompt_tokens: int, generation_tokens: int,
-                         e2e_seconds: float) -> None:
-        """One sequence ended (``reason`` stop / length / abort / error)."""
+    def count_tokens(self, prompt_tokens: int = 0, generation_tokens: int = 0) -> None:
+        """Tokens as they are processed: a prompt once its prefill is done, each generated token as it
+        arrives, so a request that is aborted (or still running) counts what it used."""
         with self._lock:
-            self.finished[reason if reason in self.finished else "error"] += 1
             self.prompt_tokens += prompt_tokens
             self.generation_tokens += generation_tokens
+
+    def observe_finished(self, reason: str, prompt_tokens: int, generation_tokens: int,
+                         e2e_seconds: float) -> None:
+        """One sequence ended (``reason`` stop / length / abort / error): the counts and histograms of
+        finished requests (the token totals are :meth:`count_tokens`'s)."""
+        with self._lock:
+            self.finished[reason if reason in self.finished else "error"] += 1
             self.prompt_hist.observe(prompt_tokens)
             self.generation_hist.observe(generation_tokens)
             self.e2e.observe(e2e_seconds)
@@ -137,6 +158,10 @@ class Metrics:
 
         for key, (name, help_text) in ENGINE_GAUGES.items():
             family(name, "gauge", help_text, [f"{PREFIX}{name}{_labels(base)} {_num(float(stats.get(key, 0) or 0))}"])
+        for key, (name, help_text) in OWN_GAUGES.items():
+            out.append(f"# HELP {OWN_PREFIX}{name} {help_text}")
+            out.append(f"# TYPE {OWN_PREFIX}{name} gauge")
+            out.append(f"{OWN_PREFIX}{name}{_labels(base)} {_num(float(stats.get(key, 0) or 0))}")
         for key, (name, help_text) in ENGINE_COUNTERS.items():
             value = float(stats.get(key, 0) or 0)
             family(name, "counter", help_text, [f"{PREFIX}{name}_total{_labels(base)} {_num(value)}"])

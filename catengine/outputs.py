@@ -54,6 +54,8 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics
     num_cached_tokens: int = 0                 # prompt tokens served from the prefix cache
+    # SamplingParams.prompt_logprobs: one entry per prompt token, None for the first (nothing precedes it)
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
 
     @property
     def text(self) -> str:
@@ -97,6 +99,8 @@ class StreamDelta:
     time: float                                 # when the engine produced it
     metrics: RequestMetrics = field(repr=False, default=None)
     prompt_token_ids: list[int] = field(repr=False, default_factory=list)
+    # the request's prompt logprobs (as RequestOutput's), on each completion's first delta only
+    prompt_logprobs: list[TokenLogprobs | None] | None = field(repr=False, default=None)
 
     @property
     def finished(self) -> bool:

@@ -48,6 +48,7 @@ class Completion:
         self.new_ids: list[int] = []
         self.new_logprobs: list[TokenLogprobs] = []
         self.touched = False
+        self.sent_prompt_logprobs = False
 
     @property
     def finished(self) -> bool:
@@ -104,6 +105,8 @@ class RequestState:
         self.prompt_token_ids = prep.prompt_token_ids
         self.metrics = RequestMetrics(arrival_time=prep.arrival_time)
         self.num_cached_tokens = 0
+        self.prompt_logprobs: list[TokenLogprobs | None] | None = (
+            [None] if prep.params.prompt_logprobs is not None else None)
         self.completions = [
             Completion(i, p, seed, IncrementalDetokenizer(tokenizer, prep.prompt_token_ids, p,
                                                           special_tokens_visible=prep.special_tokens_visible),
@@ -114,10 +117,20 @@ class RequestState:
     def finished(self) -> bool:
         return all(c.finished for c in self.completions)
 
+    def add_prompt_logprobs(self, first: int, entries: list[TokenLogprobs]) -> None:
+        """Entries for prompt positions ``first, first + 1, ...`` (a chunk's); positions already held
+        (a prompt recomputed after preemption) are skipped."""
+        have = len(self.prompt_logprobs)
+        if first > have:
+            raise RuntimeError(f"prompt logprobs of {self.request_id} skip positions {have}..{first - 1}; "
+                               "this is a bug")
+        self.prompt_logprobs.extend(entries[have - first:])
+
     def output(self) -> RequestOutput:
         return RequestOutput(self.request_id, self.prompt, list(self.prompt_token_ids),
                              [c.output() for c in self.completions], self.finished, self.metrics,
-                             self.num_cached_tokens)
+                             self.num_cached_tokens,
+                             None if self.prompt_logprobs is None else list(self.prompt_logprobs))
 
     def take_deltas(self, now: float) -> list[StreamDelta]:
         """Deltas of the completions that changed since the last call."""
@@ -130,6 +143,8 @@ class RequestState:
                 logprobs=c.new_logprobs if c.logprobs is not None else None, finish_reason=c.finish_reason,
                 stop_reason=c.stop_reason, num_prompt_tokens=len(self.prompt_token_ids),
                 num_output_tokens=len(c.token_ids), num_cached_tokens=self.num_cached_tokens, time=now,
-                metrics=self.metrics, prompt_token_ids=self.prompt_token_ids))
+                metrics=self.metrics, prompt_token_ids=self.prompt_token_ids,
+                prompt_logprobs=None if c.sent_prompt_logprobs else self.prompt_logprobs))
             c.new_text, c.new_ids, c.new_logprobs, c.touched = [], [], [], False
+            c.sent_prompt_logprobs = True
         return deltas

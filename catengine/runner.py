@@ -24,16 +24,17 @@ import contextlib
 import itertools
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from .config import EngineConfig
-from .cuda_graphs import DecodeGraphs, graph_batch_sizes
+from .cuda_graphs import DecodeGraphs, capture_sizes
 from .memory import MemoryPlan, cuda_cache_budget, plan_memory
 from .models.batch import AttentionCache, BatchMetadata, ModelCaches
+from .logprobs import prompt_logprobs
 from .sampling import SamplingParams, TokenLogprobs, apply_penalties, sample
-from .scheduler import SchedulerOutput
+from .scheduler import SchedulerOutput, Sequence
 
 log = logging.getLogger("catengine")
 
@@ -51,6 +52,9 @@ class RunnerOutput:
     token_ids: list[int]                      # one per sample row (SchedulerOutput row order)
     logprobs: list[TokenLogprobs | None]      # same rows
     forward_seconds: float = 0.0
+    # (sequence, position of the first entry, logprobs of its prompt tokens from there), per prompt chunk
+    # of a request with prompt_logprobs
+    prompt_logprobs: list[tuple[Sequence, int, list[TokenLogprobs]]] = field(default_factory=list)
 
 
 _I32 = next(code for code in "ilh" if array.array(code).itemsize == 4)   # "i" on every common platform
@@ -146,7 +150,12 @@ class ModelRunner:
         (``capture=False``: run the same padded static buffers eagerly, so the CPU tests check the
         padding). A failed capture logs and leaves the runner eager."""
         plan = self.memory_plan
-        graphs = DecodeGraphs(self.model, self.caches, batch_sizes=graph_batch_sizes(self.config.max_num_seqs),
+        sizes = capture_sizes(self.config.cuda_graph_sizes, self.config.max_num_seqs)
+        if not sizes:
+            log.warning("no decode CUDA graph: every cuda_graph_sizes entry %s is above max_num_seqs %d",
+                        list(self.config.cuda_graph_sizes), self.config.max_num_seqs)
+            return
+        graphs = DecodeGraphs(self.model, self.caches, batch_sizes=sizes,
                               max_model_len=plan.max_model_len, pad_state_slot=plan.pad_state_slot,
                               device=self.device, capture=capture)
         try:
@@ -178,9 +187,10 @@ class ModelRunner:
         else:
             hidden = self.forward(*self.device_batch(host, shape))
         token_ids, logprobs = self._sample(out, hidden)
+        prompt_lps = self._prompt_logprobs(out, hidden)
         for src, dst in out.state_saves:
             self.caches.copy_state_slot(src, dst)
-        return RunnerOutput(token_ids, logprobs, time.perf_counter() - t0)
+        return RunnerOutput(token_ids, logprobs, time.perf_counter() - t0, prompt_lps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: BatchMetadata) -> torch.Tensor:
         """The eager model call (prefill, mixed and large batches; every step with ``enforce_eager``)."""
@@ -284,6 +294,37 @@ class ModelRunner:
         processed = apply_penalties(logits, prompts, outputs, params, self.eos_token_ids)
         token_ids, logprobs = sample(processed, params, seeds, steps, raw_logits=logits)
         return token_ids.tolist(), logprobs
+
+    def _prompt_logprobs(self, out: SchedulerOutput, hidden: torch.Tensor):
+        """The lm_head over the prompt positions of the requests that asked for prompt logprobs (and no
+        other): the hidden row of position q gives the logprob of prompt token q + 1, so a chunk
+        [start, end) yields positions start + 1 .. min(end, prompt length - 1). A recompute after the
+        first token (preemption) yields nothing: those positions were reported."""
+        wanted, rows, targets, top_n = [], [], [], []
+        offset = 0
+        for it in out.scheduled:
+            seq = it.seq
+            n = getattr(seq.params, "prompt_logprobs", None)
+            if n is None:   # the common case: one attribute read per scheduled sequence
+                offset += it.num_new
+                continue
+            last = min(it.end, seq.num_prompt_tokens - 1)
+            if seq.num_output_tokens == 0 and last > it.start:
+                count = last - it.start
+                wanted.append((seq, it.start + 1, count))
+                rows.extend(range(offset, offset + count))
+                targets.extend(seq.token_ids[it.start + 1:last + 1])
+                top_n.extend([n] * count)
+            offset += it.num_new
+        if not rows:
+            return []
+        # max_num_seqs rows at a time: the profiled sampling step's [rows, vocab] footprint
+        entries = prompt_logprobs(hidden, rows, targets, top_n, self.model.compute_logits, self.config.max_num_seqs)
+        result, k = [], 0
+        for seq, first, count in wanted:
+            result.append((seq, first, entries[k:k + count]))
+            k += count
+        return result
 
     # ------------------------------------------------------------------ start-up runs on throw-away caches
     def _fake_step(self, query_lens: list[int], seq_lens: list[int], params: list) -> None:

@@ -26,6 +26,7 @@ import torch
 
 from .errors import InvalidRequest
 from .kernels import ops
+from .logprobs import TokenLogprobs, compute_logprobs, finite_or_neg_inf
 
 MAX_LOGPROBS = 20
 # Below this temperature a request is greedy (vLLM uses the same threshold): dividing by it would
@@ -80,6 +81,9 @@ class SamplingParams:
     - ``max_tokens`` None = until the context is full (the engine decides); ``min_tokens`` masks
       EOS and ``stop_token_ids`` and disables stop strings until that many tokens were generated.
     - ``logprobs`` None = none; N = the sampled token's logprob and rank plus the top-N.
+    - ``prompt_logprobs`` None = none; N = each prompt token's logprob and rank plus the top-N at its
+      position (the first token has none). Such a request computes its whole prompt: no prefix-cache
+      hit skips positions whose logprobs are wanted (as in vLLM).
     - ``n`` > 1: the engine runs :meth:`child` (i) for i in range(n); ``best_of`` must equal n.
     """
 
@@ -100,6 +104,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] | list[int] = field(default_factory=tuple)
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
 
@@ -138,11 +143,13 @@ class SamplingParams:
         self._check_stops(put)
         if self.seed is not None:
             put("seed", _as_int("seed", self.seed, "an integer or None"))
-        if self.logprobs is not None:
-            logprobs = _as_int("logprobs", self.logprobs, f"None or an integer in [0, {MAX_LOGPROBS}]")
-            if not 0 <= logprobs <= MAX_LOGPROBS:
-                raise _bad("logprobs", f"None or an integer in [0, {MAX_LOGPROBS}]", logprobs)
-            put("logprobs", logprobs)
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None:
+                value = _as_int(name, value, f"None or an integer in [0, {MAX_LOGPROBS}]")
+                if not 0 <= value <= MAX_LOGPROBS:
+                    raise _bad(name, f"None or an integer in [0, {MAX_LOGPROBS}]", value)
+                put(name, value)
         if self.logit_bias is not None:
             put("logit_bias", self._normalise_logit_bias(self.logit_bias))
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
@@ -214,9 +221,12 @@ class SamplingParams:
 
     def child(self, index: int) -> "SamplingParams":
         """Params of sequence ``index`` of an ``n > 1`` request: n = 1, and a seeded request gives
-        child i the seed ``seed + i`` (as vLLM does) so the n samples differ but reproduce."""
+        child i the seed ``seed + i`` (as vLLM does) so the n samples differ but reproduce; only
+        child 0 keeps ``prompt_logprobs``."""
         seed = None if self.seed is None else self.seed + index
-        return dataclasses.replace(self, n=1, best_of=None, seed=seed)
+        # the prompt's logprobs belong to the request: the leader (child 0) computes them, once
+        prompt_logprobs = self.prompt_logprobs if index == 0 else None
+        return dataclasses.replace(self, n=1, best_of=None, seed=seed, prompt_logprobs=prompt_logprobs)
 
     @classmethod
     def from_request(cls, fields: Mapping[str, Any], generation_config: Mapping[str, Any] | None = None,
@@ -321,52 +331,6 @@ def apply_penalties(logits: torch.Tensor, prompt_ids: Sequence[Sequence[int] | t
     return out
 
 
-@dataclass(frozen=True)
-class TokenLogprobs:
-    """Logprobs of one sampled token, from log_softmax of the raw model logits (vLLM's default).
-
-    ``logprob`` and the values in ``top`` are finite floats or ``-inf`` (a token the model rules
-    out), never NaN; the server serialises ``-inf`` (e.g. as ``-9999.0`` or null), since JSON has no
-    infinity. ``rank`` is 1 + the number of tokens with a strictly higher logprob. ``top`` holds the
-    request's top-N ``(token_id, logprob)`` pairs, most likely first (empty for logprobs=0).
-    """
-
-    token_id: int
-    logprob: float
-    rank: int
-    top: tuple[tuple[int, float], ...]
-
-
-def _finite_or_neg_inf(x: torch.Tensor) -> torch.Tensor:
-    """NaN -> -inf and +inf -> the largest float, so softmax/log_softmax never produce NaN from them."""
-    return torch.nan_to_num(x, nan=float("-inf"), posinf=torch.finfo(x.dtype).max, neginf=float("-inf"))
-
-
-def compute_logprobs(raw_logits: torch.Tensor, token_ids: torch.Tensor,
-                     params: Sequence[SamplingParams]) -> list[TokenLogprobs | None]:
-    """Per-row :class:`TokenLogprobs` for rows whose params ask for logprobs, else None."""
-    rows = [b for b, p in enumerate(params) if p.logprobs is not None]
-    result: list[TokenLogprobs | None] = [None] * len(params)
-    if not rows:
-        return result
-    index = torch.tensor(rows, dtype=torch.int64, device=raw_logits.device)
-    lp = torch.log_softmax(_finite_or_neg_inf(raw_logits[index].float()), dim=-1)
-    # A row of all -inf has no distribution; its log_softmax is NaN, reported as -inf.
-    lp = torch.where(torch.isnan(lp), torch.full_like(lp, float("-inf")), lp)
-    chosen = token_ids.to(raw_logits.device, torch.int64)[index]
-    chosen_lp = lp.gather(1, chosen[:, None])
-    ranks = (lp > chosen_lp).sum(-1) + 1
-    k = min(max(params[b].logprobs for b in rows), lp.shape[-1])
-    top_v, top_i = lp.topk(k, dim=-1) if k > 0 else (lp[:, :0], lp[:, :0].long())
-    chosen_l, chosen_lp_l, ranks_l = chosen.tolist(), chosen_lp[:, 0].tolist(), ranks.tolist()
-    top_v_l, top_i_l = top_v.tolist(), top_i.tolist()
-    for j, b in enumerate(rows):
-        n = params[b].logprobs
-        top = tuple(zip(top_i_l[j][:n], top_v_l[j][:n]))
-        result[b] = TokenLogprobs(chosen_l[j], chosen_lp_l[j], ranks_l[j], top)
-    return result
-
-
 def _wrap_int64(seed: int) -> int:
     """Any Python int -> the int64 with the same low 64 bits (the hash reads 64 bits of seed)."""
     return ((seed + 2**63) % 2**64) - 2**63
@@ -390,7 +354,7 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams], seeds: Sequen
     if not (len(params) == len(seeds) == len(steps) == B):
         raise ValueError(f"sample: {B} logit rows but {len(params)} params, {len(seeds)} seeds, "
                          f"{len(steps)} steps")
-    clean = _finite_or_neg_inf(logits.float())
+    clean = finite_or_neg_inf(logits.float())
     if all(p.is_greedy for p in params):
         # what the sampler does for greedy rows, without building its per-row parameter tensors
         # (host-to-device copies) or its full-vocabulary pass

@@ -8,10 +8,12 @@ and no part of a stop string ever reaches a client.
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import json
 import os
 import re
+import threading
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -72,6 +74,7 @@ class Tokenizer:
             raise ModelLoadError(f"{self.path} has no tokenizer.json or tokenizer_config.json; "
                                  "point the model path at a Hugging Face model directory")
         self.hf = self._load_hf(self.path)
+        self._local = threading.local()   # per-thread copies of hf (use_private_copy)
         self._backend = getattr(self.hf, "backend_tokenizer", None)
         self.generation_config: dict = _read_json(self.path / "generation_config.json")
         eos = self.generation_config.get("eos_token_id")
@@ -122,12 +125,37 @@ class Tokenizer:
         return template
 
     # ------------------------------------------------------------------ text <-> ids
+    def use_private_copy(self) -> None:
+        """Give the calling thread its own copy of the HF tokenizer for :meth:`encode` and
+        :meth:`apply_chat_template` (a fast tokenizer's encode mutates its Rust state: two threads
+        encoding with one object can fail with "Already borrowed"). For a second preparation worker;
+        a deep copy takes a second or more for a 250k vocabulary."""
+        self._local.hf = copy.deepcopy(self.hf)
+
+    def _hf_here(self):
+        hf = getattr(self._local, "hf", None)
+        return self.hf if hf is None else hf
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """An upper bound of the characters one token stands for: the longest vocabulary piece
+        (byte-level pieces hold one symbol per byte, and a character is at least one byte;
+        SentencePiece pieces one symbol per character), times 2 for normalizers that compose
+        characters (NFC: a letter and a combining mark become one). A text longer than
+        ``n * max_token_chars`` cannot tokenize to ``n`` tokens or fewer. Computed on first use
+        (about a second for a 250k vocabulary)."""
+        hf = self._hf_here()
+        backend = getattr(hf, "backend_tokenizer", None)
+        vocab = backend.get_vocab(with_added_tokens=True) if backend is not None else hf.get_vocab()
+        added = getattr(hf, "added_tokens_decoder", {}).values()
+        return 2 * max([len(piece) for piece in vocab] + [len(str(t)) for t in added] + [1])
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``. ``add_special_tokens`` adds what the tokenizer adds (a BOS for
         Llama-style models, nothing for Qwen); pass False for an already rendered chat prompt."""
         if not isinstance(text, str):
             raise InvalidRequest(f"prompt must be a string, got {type(text).__name__}")
-        return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
+        return list(self._hf_here().encode(text, add_special_tokens=add_special_tokens))
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of ``ids``; never cleans up tokenization spaces, so that incremental decoding
@@ -183,7 +211,7 @@ class Tokenizer:
         conversation = self._normalise_messages(messages)
         from jinja2 import TemplateError
         try:
-            prompt = self.hf.apply_chat_template(
+            prompt = self._hf_here().apply_chat_template(
                 conversation, tools=list(tools) if tools else None, chat_template=template,
                 add_generation_prompt=add_generation_prompt, tokenize=False, **kwargs)
         except TemplateError as e:

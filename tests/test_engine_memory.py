@@ -61,3 +61,19 @@ def test_unset_max_model_len_shrinks_to_fit_and_set_one_fails_with_numbers():
         plan(cfg(max_model_len=64), budget=10_000)                       # the live slots alone do not fit
     with pytest.raises(ConfigError, match="raise num_kv_blocks"):
         plan(cfg(max_model_len=1024, num_kv_blocks=10))
+
+
+def test_model_without_full_attention_layers():
+    """A model of GDN layers only (``random_checkpoint --layers 1``) has no KV cache: blocks cost 0 bytes. The
+    plan used to divide by that (ZeroDivisionError); now every sequence gets max_model_len in free blocks, and
+    state slots that do not fit still fail with the fix."""
+    c = cfg(max_model_len=1024)
+    p = plan_memory(c, kv_bytes_per_block=0, state_bytes_per_slot=STATE, hybrid=True, max_position_embeddings=4096,
+                    budget_bytes=10_000_000)
+    assert p.num_blocks == 1024 * 4 // 16 and p.max_model_len == 1024 and p.used_bytes <= 10_000_000
+    unset = plan_memory(cfg(), kv_bytes_per_block=0, state_bytes_per_slot=STATE, hybrid=True,
+                        max_position_embeddings=4096, budget_bytes=10_000_000)
+    assert unset.max_model_len == 4096 and unset.num_blocks == 4096 * 4 // 16
+    with pytest.raises(ConfigError, match="lower max_num_seqs"):
+        plan_memory(c, kv_bytes_per_block=0, state_bytes_per_slot=STATE, hybrid=True, max_position_embeddings=4096,
+                    budget_bytes=4 * STATE)

@@ -33,6 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sampling-seed", type=int, default=None, help="seed of this request's sampling")
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("-v", "--verbose", action="store_true", help="log engine setup and print token counts")
+    from .serve_flags import add_ignored_arguments
+    add_ignored_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
         fields = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p,
                   "top_k": args.top_k, "min_p": args.min_p, "repetition_penalty": args.repetition_penalty,
                   "stop": args.stop, "seed": args.sampling_seed, "ignore_eos": args.ignore_eos}
-        params = SamplingParams.from_request(fields, tok.generation_config)
+        from .serve_flags import generation_defaults
+        params = SamplingParams.from_request(fields, generation_defaults(args, tok.generation_config))
         return asyncio.run(_stream(engine, engine_prompt, params, args.verbose))
     except CatEngineError as e:
         print(f"catengine generate: {e}", file=sys.stderr)

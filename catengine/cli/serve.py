@@ -1,38 +1,27 @@
 """``catengine serve``: the OpenAI-compatible server, with vLLM's flag names.
 
 A vLLM command line works after ``catengine serve`` unchanged: the flags we implement behave as in
-vLLM; flags that only tune vLLM internals (attention backend, remote code, logging, swap space...)
-are accepted and logged as ignored; flags asking for something we cannot do yet (tensor parallelism
-above 1, fp8 e4m3 KV) fail at startup with a message saying what to use instead.
+vLLM; flags that only tune vLLM internals (attention backend, remote code, swap space...) are accepted
+and logged as ignored; flags asking for something we cannot do yet (tensor parallelism above 1, fp8
+e4m3 KV, speculative decoding) fail at startup with a message saying what to use instead. The vLLM
+flags beyond catengine's own settings are in :mod:`catengine.cli.serve_flags`. The port is bound before
+the model loads (a port in use fails at once) and the banner is printed once it is ours.
 """
 from __future__ import annotations
 
 import argparse
-import json
+import dataclasses
+import errno
 import logging
 import os
 import re
+import socket
 import sys
 
 from ..errors import CatEngineError, ConfigError
+from . import serve_flags
 
 log = logging.getLogger("catengine.server")
-
-# vLLM flags that tune vLLM internals: accepted (with or without a value) and logged as ignored.
-IGNORED_WITH_VALUE = ("--attention-backend", "--swap-space", "--distributed-executor-backend", "--load-format",
-                      "--download-dir", "--revision", "--tokenizer-mode", "--max-seq-len-to-capture",
-                      "--compilation-config", "--max-log-len", "--uvicorn-log-level", "--quantization",
-                      "--max-logprobs",
-                      "--cpu-offload-gb", "--override-generation-config", "--generation-config",
-                      "--scheduling-policy", "--tokenizer-pool-size", "--code-revision", "--limit-mm-per-prompt",
-                      "--mm-processor-kwargs", "--hf-overrides", "--config-format", "--response-role",
-                      "--root-path", "--num-scheduler-steps", "--long-prefill-token-threshold")
-IGNORED_FLAGS = ("--trust-remote-code", "--disable-log-requests", "--disable-log-stats", "--enable-log-requests",
-                 "--disable-custom-all-reduce", "--enable-chunked-prefill", "--no-enable-chunked-prefill",
-                 "--disable-frontend-multiprocessing", "--enable-prompt-tokens-details", "--disable-fastapi-docs",
-                 "--enable-server-load-tracking", "--disable-uvicorn-access-log", "--async-scheduling",
-                 "--enable-force-include-usage", "--return-tokens-as-token-ids")
-
 
 def parse_size(text: str) -> int:
     """An integer with an optional k/m/g suffix (as vLLM accepts for --max-model-len): 32k, 1M."""
@@ -72,17 +61,15 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, help="only 1 is supported for now")
     p.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1, help="only 1 is supported")
     p.add_argument("--data-parallel-size", "-dp", type=int, default=1, help="only 1 is supported")
-    for flag in IGNORED_WITH_VALUE:
-        p.add_argument(flag, default=None, help=argparse.SUPPRESS)
-    for flag in IGNORED_FLAGS:
-        p.add_argument(flag, action="store_true", default=None, help=argparse.SUPPRESS)
+    serve_flags.add_engine_compat_arguments(p)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from .serve_limits import add_limit_arguments, port
     p.add_argument("model_tag", nargs="?", default=None, help="model directory (like `vllm serve MODEL`)")
     add_engine_arguments(p)
     p.add_argument("--host", default="0.0.0.0", help="address to bind (default all interfaces)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=port, default=8000)
     p.add_argument("--served-model-name", nargs="+", default=None,
                    help="name(s) clients use in 'model' (default: the model path)")
     p.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY") or os.environ.get("CATENGINE_API_KEY"),
@@ -90,21 +77,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enable-auto-tool-choice", action="store_true", help="let the model decide to call tools")
     p.add_argument("--tool-call-parser", default=None, help="qwen3_coder or hermes")
     p.add_argument("--reasoning-parser", default=None, help="qwen3: split <think> into reasoning_content")
-    p.add_argument("--allowed-origins", type=_json_list, default=["*"], help='CORS origins, JSON list (["*"])')
-    p.add_argument("--allowed-methods", type=_json_list, default=["*"], help="CORS methods, JSON list")
-    p.add_argument("--allowed-headers", type=_json_list, default=["*"], help="CORS headers, JSON list")
-    p.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
+    add_limit_arguments(p)
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
-
-
-def _json_list(text: str) -> list[str]:
-    try:
-        value = json.loads(text)
-    except ValueError:
-        value = None
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON list of strings, e.g. '[\"*\"]'")
-    return value
+    serve_flags.add_server_compat_arguments(p)
+    serve_flags.add_ignored_arguments(p)   # last: see its docstring
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -123,34 +99,40 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                 block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching,
                 gpu_memory_utilization=args.gpu_memory_utilization, kv_cache_memory_bytes=args.kv_cache_memory_bytes,
                 kv_cache_auto_trim_ratio=args.kv_cache_auto_trim_ratio, num_state_snapshots=args.num_state_snapshots,
-                num_kv_blocks=args.num_kv_blocks, seed=args.seed, enforce_eager=args.enforce_eager)
+                num_kv_blocks=args.num_kv_blocks, seed=args.seed, enforce_eager=args.enforce_eager,
+                **serve_flags.engine_compat_kwargs(args))
 
 
 def log_ignored(args: argparse.Namespace) -> None:
-    for flag in IGNORED_WITH_VALUE + IGNORED_FLAGS:
-        value = getattr(args, flag[2:].replace("-", "_"))
-        if value is not None:
-            log.warning("%s %s is a vLLM-internal setting; catengine accepts and ignores it", flag,
-                     "" if value is True else value)
+    serve_flags.log_accepted(args)
 
 
 def server_config(args: argparse.Namespace, model_path: str):
     from ..server.reasoning import get_reasoning_parser
+    from .serve_limits import limit_config
     from ..server.serving import ServerConfig
     from ..server.tool_parsers import get_tool_parser
+    reasoning_parser = args.reasoning_parser
+    if args.enable_reasoning and not reasoning_parser:
+        reasoning_parser = "qwen3"   # the parser of every model catengine serves
+        log.info("--enable-reasoning without --reasoning-parser: using the qwen3 reasoning parser")
     if args.tool_call_parser:
         get_tool_parser(args.tool_call_parser)
-    if args.reasoning_parser:
-        get_reasoning_parser(args.reasoning_parser)
+    if reasoning_parser:
+        get_reasoning_parser(reasoning_parser)
     if args.enable_auto_tool_choice and not args.tool_call_parser:
         raise ConfigError("--enable-auto-tool-choice needs --tool-call-parser (qwen3_coder for Qwen3.5/3.6, "
                           "hermes for older Qwen)")
+    if not args.response_role or not args.response_role.strip():
+        raise ConfigError("--response-role must be a non-empty role name, e.g. assistant")
     names = tuple(args.served_model_name or [model_path])
     return ServerConfig(served_model_names=names, api_key=args.api_key or None,
                         enable_auto_tool_choice=args.enable_auto_tool_choice, tool_call_parser=args.tool_call_parser,
-                        reasoning_parser=args.reasoning_parser, cors_origins=tuple(args.allowed_origins),
-                        cors_methods=tuple(args.allowed_methods), cors_headers=tuple(args.allowed_headers),
-                        cors_credentials=args.allow_credentials)
+                        reasoning_parser=reasoning_parser, response_role=args.response_role,
+                        default_chat_template_kwargs=args.default_chat_template_kwargs,
+                        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+                        return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+                        log_requests=not args.disable_log_requests, **limit_config(args))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -160,26 +142,74 @@ def run(args: argparse.Namespace) -> int:
         log_ignored(args)
         model_label = kwargs["model"] or "demo"
         config = server_config(args, model_label)
-        from ..async_engine import AsyncEngine
-        engine = AsyncEngine(**kwargs)
+        ssl = serve_flags.check_ssl(args)
+        serve_flags.generation_defaults(args, {})   # a bad --generation-config folder fails before the model loads
     except (CatEngineError, OSError) as e:
         print(f"catengine serve: {e}", file=sys.stderr)
         return 2
-    return serve(engine, config, args.host, args.port, args.log_level)
+    # the port first: a port in use is one line now, not after minutes of loading
+    try:
+        sock = listen_socket(args.host, args.port)
+    except (OSError, OverflowError) as e:
+        print(f"catengine serve: {describe_bind_error(args.host, args.port, e)}", file=sys.stderr)
+        return 2
+    try:
+        from ..async_engine import AsyncEngine
+        engine = AsyncEngine(**kwargs)
+        gen = serve_flags.generation_defaults(args, engine.tokenizer.generation_config)
+        if gen != engine.tokenizer.generation_config:
+            config = dataclasses.replace(config, generation_config=gen)
+    except (CatEngineError, OSError) as e:
+        sock.close()
+        print(f"catengine serve: {e}", file=sys.stderr)
+        return 2
+    from .serve_limits import http_settings
+    return serve(engine, config, args.host, args.port, args.log_level, http_settings(args), sock=sock, ssl=ssl,
+                 log_stats=not args.disable_log_stats)
 
 
-def serve(engine, config, host: str, port: int, log_level: str = "info") -> int:
-    import uvicorn
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A bound, listening TCP socket (what uvicorn would open), so the address is ours before the model loads."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as uvicorn: restart over TIME_WAIT
+        sock.bind((host, port))
+        sock.listen(2048)
+        sock.set_inheritable(True)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
+
+def describe_bind_error(host: str, port: int, e: BaseException) -> str:
+    if isinstance(e, OverflowError) or not 0 <= port <= 65535:
+        return f"--port {port} is not a TCP port; use 1-65535"
+    if getattr(e, "errno", None) == errno.EADDRINUSE:
+        return (f"{host}:{port} is already in use (another server?); stop it or pick another --port")
+    if getattr(e, "errno", None) == errno.EACCES:
+        return f"no permission to listen on {host}:{port}; ports below 1024 need root: pick --port 8000"
+    return f"cannot listen on {host}:{port} ({e.strerror or e}); check --host and --port"
+
+
+def serve(engine, config, host: str, port: int, log_level: str = "info", http=None, *,
+          sock: socket.socket | None = None, ssl: dict | None = None, log_stats: bool = True) -> int:
     from ..server.app import build_app
+    from ..server.http_server import HttpSettings, build_server
     from ..server.serving import ServerContext
+    from ..server.stats_log import StatsLogger
     ctx = ServerContext(engine, config)
     app = build_app(ctx)
     stats = ctx.engine_stats()
     cfg = engine.config
     shown = f"[{host}]" if ":" in host else host
+    scheme = "https" if ssl else "http"
+    server = build_server(app, ctx, host, port, http or HttpSettings(), log_level, ssl=ssl)
+    if sock is None:
+        sock = listen_socket(host, port)
     print(f"catengine serving {', '.join(config.served_model_names)} ({engine.model_path}) "
-          f"at http://{shown}:{port}/v1\n"
+          f"at {scheme}://{shown}:{port}/v1\n"
           f"  device {cfg.device}, dtype {cfg.dtype}, KV cache {stats.get('kv_capacity_tokens', '?')} tokens "
           f"({cfg.kv_cache_dtype}, block {cfg.block_size}), max_model_len {ctx.max_model_len}, "
           f"max_num_seqs {cfg.max_num_seqs}, max_num_batched_tokens {cfg.max_num_batched_tokens}, "
@@ -187,9 +217,15 @@ def serve(engine, config, host: str, port: int, log_level: str = "info") -> int:
           f"  tools: {config.tool_call_parser or 'off'}{' (auto)' if config.enable_auto_tool_choice else ''}, "
           f"reasoning: {config.reasoning_parser or 'off'}, api key: {'required' if config.api_key else 'none'}",
           flush=True)
+    stats_logger = StatsLogger(ctx) if log_stats else None
+    if stats_logger is not None:
+        stats_logger.start()
     try:
-        uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False, timeout_keep_alive=30)
+        server.run(sockets=[sock])
     finally:
+        if stats_logger is not None:
+            stats_logger.stop()
+        sock.close()
         ctx.close()
         engine.shutdown()
     return 0

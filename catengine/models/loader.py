@@ -68,13 +68,34 @@ class TensorInfo:
 
 
 def read_header(file: Path) -> dict[str, TensorInfo]:
-    """The tensor table of one safetensors file, read from its JSON header only."""
+    """The tensor table of one safetensors file, read from its JSON header only. ModelLoadError when
+    the file is not safetensors or is shorter than its header says (an interrupted download)."""
+    size = Path(file).stat().st_size
     with open(file, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
-    header.pop("__metadata__", None)
-    return {k: TensorInfo(k, file, v["dtype"], tuple(v["shape"]), v["data_offsets"][0],
-                          v["data_offsets"][1] - v["data_offsets"][0]) for k, v in header.items()}
+        head = f.read(8)
+        n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+        if not 0 < n <= size - 8:
+            raise ModelLoadError(f"{file} is not a safetensors file (no valid header; {size} bytes); re-download it")
+        try:
+            header = json.loads(f.read(n))
+            header.pop("__metadata__", None)
+            table = {k: TensorInfo(k, file, v["dtype"], tuple(v["shape"]), v["data_offsets"][0],
+                                   v["data_offsets"][1] - v["data_offsets"][0]) for k, v in header.items()}
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
+            raise ModelLoadError(f"{file} has a corrupt safetensors header ({type(e).__name__}: {e}); "
+                                 "re-download it") from None
+    end = max((t.offset + t.nbytes for t in table.values()), default=0)
+    if 8 + n + end > size:
+        raise ModelLoadError(f"{file} is truncated: its header needs {8 + n + end} bytes but the file has {size}; "
+                             "re-download it")
+    return table
+
+
+def _open_safetensors(file: Path):
+    try:
+        return safe_open(str(file), framework="pt", device="cpu")
+    except Exception as e:  # noqa: BLE001 (safetensors raises its own SafetensorError for any bad file)
+        raise ModelLoadError(f"{file} cannot be read as safetensors ({e}); re-download it") from None
 
 
 def list_tensors(path: str | Path) -> list[TensorInfo]:
@@ -85,7 +106,10 @@ def list_tensors(path: str | Path) -> list[TensorInfo]:
         return sorted(read_header(path).values(), key=lambda t: t.offset)
     index = path / INDEX_FILE
     if index.is_file():
-        weight_map: dict[str, str] = json.loads(index.read_text()).get("weight_map") or {}
+        try:
+            weight_map: dict[str, str] = json.loads(index.read_text()).get("weight_map") or {}
+        except (ValueError, AttributeError) as e:
+            raise ModelLoadError(f"{index} is not a JSON index ({e}); re-download the checkpoint") from None
         files = sorted(set(weight_map.values()))
         absent = [f for f in files if not (path / f).is_file()]
         if absent:
@@ -229,7 +253,7 @@ def iter_checkpoint(path: str | Path, config: ModelConfig, *, device="cpu", dtyp
     parts: dict[str, dict[str, torch.Tensor]] = {}
     with _Progress(plan.tensors, progress) as bar:
         for file, infos in itertools.groupby(plan.tensors, key=lambda t: t.file):
-            with safe_open(str(file), framework="pt", device="cpu") as f:
+            with _open_safetensors(file) as f:
                 for info in infos:
                     tensor = f.get_tensor(info.name).to(device)
                     bar.advance(info)

@@ -88,7 +88,13 @@ class ModelConfig:
         cfg_file = path / "config.json"
         if not cfg_file.is_file():
             raise ConfigError(f"{path} has no config.json; pass a Hugging Face model directory")
-        return cls.from_hf(json.loads(cfg_file.read_text()))
+        try:
+            raw = json.loads(cfg_file.read_text())
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{cfg_file} is not valid JSON ({e}); fix or re-download it") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{cfg_file} holds a JSON {type(raw).__name__}, not an object; fix or re-download it")
+        return cls.from_hf(raw)
 
     @classmethod
     def from_hf(cls, cfg: dict) -> "ModelConfig":

@@ -53,6 +53,8 @@ class Sequence:
     # the cached KV prefix this sequence shares with an earlier one (0 = none)
     save_point: int = 0
     admitted: bool = False          # admitted at least once (stats count each prompt's first lookup only)
+    # every prompt position must be computed (prompt logprobs): no prefix hit until the first token is sampled
+    skip_prefix_cache: bool = False
     finish_status: str | None = None
 
     # ------------------------------------------------------------------ derived
@@ -76,6 +78,11 @@ class Sequence:
     def num_pending(self) -> int:
         """Tokens it wants computed: the rest of a prompt, one decode token, or all after preemption."""
         return len(self.token_ids) - self.num_computed
+
+    @property
+    def reads_prefix_cache(self) -> bool:
+        """False while a ``skip_prefix_cache`` sequence has not sampled its first token."""
+        return not (self.skip_prefix_cache and self.num_output_tokens == 0)
 
     @property
     def sort_key(self) -> tuple[int, int]:

@@ -76,6 +76,7 @@ class SchedulerStats:
     num_blocks: int
     num_free_blocks: int         # free + cached-but-unreferenced
     num_cached_blocks: int
+    num_evictable_blocks: int    # cached and unreferenced: reusable by a prefix hit, reclaimed when needed
     prefix_cache_queries: int    # tokens looked up (every admission counts its whole token list)
     prefix_cache_hits: int       # tokens served from the cache
     num_preemptions: int
@@ -124,15 +125,18 @@ class Scheduler:
                 f"lower max_tokens or give the KV cache more memory")
 
     def add(self, request_id: str, prompt_token_ids: list[int], max_total_tokens: int, *, params=None,
-            seed: int = 0, forks: list[tuple[int, object]] | None = None) -> Sequence:
+            seed: int = 0, forks: list[tuple[int, object]] | None = None, skip_prefix_cache: bool = False
+            ) -> Sequence:
         """Queue a request's leader sequence. ``forks``: (seed, params) of completions 1..n-1, forked
-        from the leader once its prompt is computed."""
+        from the leader once its prompt is computed. ``skip_prefix_cache``: compute every prompt
+        position (its blocks are still offered to the cache for others)."""
         if request_id in self.requests:
             raise InvalidRequest(f"request id {request_id!r} is already in use; pick a unique id")
         self.check_fits(len(prompt_token_ids), max_total_tokens)
         seq = Sequence(seq_id=next(self._ids), request_id=request_id, index=0, token_ids=list(prompt_token_ids),
                        num_prompt_tokens=len(prompt_token_ids), max_total_tokens=max_total_tokens,
-                       arrival=next(self._arrivals), params=params, seed=seed, forks=list(forks or []))
+                       arrival=next(self._arrivals), params=params, seed=seed, forks=list(forks or []),
+                       skip_prefix_cache=skip_prefix_cache)
         self.requests[request_id] = [seq]
         self.waiting.append(seq)  # the newest arrival sorts last
         return seq
@@ -207,8 +211,8 @@ class Scheduler:
         exists. When the cached KV prefix reaches further (a prefix shared with an earlier prompt,
         such as a system prompt, whose state was not saved at its end), ``seq.save_point`` makes
         this sequence's prefill stop there once so that the next prompt sharing it hits."""
-        if not self.caching:
-            return [], None
+        if not self.caching or not seq.reads_prefix_cache:
+            return [], None   # a recompute after the first token may hit: the prompt's logprobs are out
         max_blocks = (seq.num_tokens - 1) // self.block_size
         keys = seq.compute_hashes(max_blocks, self.block_size)[:max_blocks]
         hits = self.blocks.lookup(keys)
@@ -268,7 +272,8 @@ class Scheduler:
             if snapshot is not None:
                 self.states.touch(snapshot[0])
                 restores.append((snapshot[1], seq.state_slot))
-            self.prefix_queries += seq.num_tokens if self.caching else 0
+            # a sequence that may not read the cache made no query (vLLM counts it neither)
+            self.prefix_queries += seq.num_tokens if self.caching and seq.reads_prefix_cache else 0
             self.prefix_hits += start
             if not seq.admitted:
                 seq.num_cached_tokens, seq.admitted = start, True
@@ -358,7 +363,8 @@ class Scheduler:
         return SchedulerStats(
             num_running=len(self.running), num_waiting=len(self.waiting), kv_cache_usage=self.blocks.usage,
             num_blocks=self.blocks.num_blocks, num_free_blocks=self.blocks.num_available,
-            num_cached_blocks=len(self.blocks.cached), prefix_cache_queries=self.prefix_queries,
+            num_cached_blocks=len(self.blocks.cached), num_evictable_blocks=len(self.blocks.evictable),
+            prefix_cache_queries=self.prefix_queries,
             prefix_cache_hits=self.prefix_hits, num_preemptions=self.num_preemptions,
             num_state_snapshots=len(self.states.snapshots))
 

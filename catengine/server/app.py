@@ -1,7 +1,8 @@
 """The Starlette application: routes, authentication, error mapping, disconnect handling.
 
 Error mapping: ``InvalidRequest`` (every bad input, including a prompt that cannot fit) -> 400,
-unknown model -> 404, missing/wrong API key -> 401, a dead engine -> 503; anything else (a
+unknown model -> 404, missing/wrong API key -> 401, too many waiting requests -> 429, a dead engine
+or the shutdown deadline -> 503 (bodies: 413 / 415 / 408 in ``http_guard``); anything else (a
 ``KernelContractError``, a ``ConfigError`` while serving: the request was valid, the server is
 wrong) is a bug and answers 500 with one log line, without taking the server down. A client that
 disconnects aborts its request: streaming responses are cancelled by Starlette when the connection
@@ -11,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import inspect
 import logging
+import uuid
 from typing import Any, Awaitable, Callable
 
 from starlette.applications import Starlette
@@ -24,12 +27,16 @@ from starlette.routing import Route
 from .. import __version__
 from ..errors import EngineDead, InvalidRequest
 from ..metrics import CONTENT_TYPE
+from ..prep_queue import prep_owner
 from .chat import chat_full, chat_stream, plan_chat
 from .completions import completion_full, completion_stream, plan_completion
+from .http_guard import BodyGuard
+from .limits import Overloaded
 from .protocol import (ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, decode_request, encode,
                        error_body)
 from .serving import ModelNotFound, ServerContext
 from .streaming import SSE_HEADERS
+from .tokenize import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 
 log = logging.getLogger("catengine.server")
 JSON = "application/json"
@@ -44,29 +51,37 @@ def error_response(status: int, message: str, param: str | None = None) -> Respo
 
 
 class AuthMiddleware:
-    """``Authorization: Bearer <key>`` on every ``/v1/*`` request, compared in constant time."""
+    """``Authorization: Bearer <key>`` on every ``/v1/*`` request (the scheme in any case, as RFC 7235
+    says), the key compared in constant time."""
 
     def __init__(self, app, api_key: str):
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.expected = api_key.encode()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["path"].startswith("/v1") and scope.get("method") != "OPTIONS":
             header = dict(scope.get("headers") or []).get(b"authorization", b"")
-            if not hmac.compare_digest(header, self.expected):
+            scheme, _, token = header.strip().partition(b" ")
+            if not (scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.expected)):
                 response = error_response(401, "Unauthorized: send the API key as 'Authorization: Bearer <key>'")
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    body = bytearray()
-    async for part in request.stream():
-        body += part
-        if len(body) > limit:
-            raise InvalidRequest(f"the request body is larger than {limit} bytes; send a smaller request")
-    return bytes(body)
+class _HeldResponse(StreamingResponse):
+    """A stream that keeps the request's admission ticket until the response is over, however it
+    ends (its body may never be iterated when the client leaves first)."""
+
+    def __init__(self, body, ticket, **kwargs):
+        super().__init__(body, **kwargs)
+        self.ticket = ticket
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.ticket.release()
 
 
 async def _until_disconnect(request: Request) -> None:
@@ -95,15 +110,24 @@ async def _run_unless_disconnected(request: Request, work: Awaitable[Any]) -> An
 
 
 def _handler(ctx: ServerContext, kind: type, plan_fn: Callable, full_fn: Callable, stream_fn: Callable):
+    planned_async = inspect.iscoroutinefunction(plan_fn)
+
     async def endpoint(request: Request) -> Response:
+        ticket = None
         try:
             ctx.check_alive()
-            req = decode_request(await _read_body(request, ctx.config.max_request_bytes), kind)
+            # the body was read and checked (type, size, time) by http_guard.BodyGuard
+            req = decode_request(await request.body(), kind)
             ctx.check_model(req.model)
-            plan = await ctx.run_blocking(plan_fn, ctx, req)
+            ticket = ctx.admission.admit()
+            prep_owner.set(uuid.uuid4().hex)   # this request's turn on the preparation thread
+            plan = await plan_fn(ctx, req) if planned_async else await ctx.run_blocking(plan_fn, ctx, req)
             await ctx.prepare(plan.jobs)
             if req.stream:
-                return StreamingResponse(stream_fn(ctx, plan), media_type="text/event-stream", headers=SSE_HEADERS)
+                response = _HeldResponse(stream_fn(ctx, plan), ticket, media_type="text/event-stream",
+                                         headers=SSE_HEADERS)
+                ticket = None   # released by the response
+                return response
             result = await _run_unless_disconnected(request, full_fn(ctx, plan))
             if result is None:  # the client is gone; nobody reads this
                 return error_response(499, "client disconnected")
@@ -112,9 +136,30 @@ def _handler(ctx: ServerContext, kind: type, plan_fn: Callable, full_fn: Callabl
             return error_response(400, str(e))
         except ModelNotFound as e:
             return error_response(404, str(e), "model")
+        except Overloaded as e:
+            return error_response(429, str(e))
         except EngineDead as e:
             return error_response(503, str(e))
         except Exception as e:  # noqa: BLE001 (a bug, not the client's: answered here so it is logged once)
+            return internal_error(request, e)
+        finally:
+            if ticket is not None:
+                ticket.release()
+    return endpoint
+
+
+def _tokenizer_handler(ctx: ServerContext, kind: type, fn: Callable):
+    """/tokenize, /detokenize: decode, check the model name, run ``fn`` on the preparation thread."""
+    async def endpoint(request: Request) -> Response:
+        try:
+            req = decode_request(await request.body(), kind)   # checked by http_guard.BodyGuard
+            ctx.check_model(req.model)
+            return json_response(await ctx.run_blocking(fn, ctx, req))
+        except InvalidRequest as e:
+            return error_response(400, str(e))
+        except ModelNotFound as e:
+            return error_response(404, str(e), "model")
+        except Exception as e:  # noqa: BLE001 (a bug: logged once, answered 500)
             return internal_error(request, e)
     return endpoint
 
@@ -125,10 +170,20 @@ def internal_error(request: Request, exc: BaseException) -> Response:
 
 
 def build_app(ctx: ServerContext) -> Starlette:
+    def card(name: str) -> ModelCard:
+        return ModelCard(id=name, created=ctx.created, root=str(ctx.engine.model_path), max_model_len=ctx.max_model_len)
+
     async def models(request: Request) -> Response:
-        cards = [ModelCard(id=name, created=ctx.created, root=str(ctx.engine.model_path),
-                           max_model_len=ctx.max_model_len) for name in ctx.config.served_model_names]
-        return json_response(ModelList(data=cards))
+        return json_response(ModelList(data=[card(name) for name in ctx.config.served_model_names]))
+
+    async def model(request: Request) -> Response:
+        """OpenAI's GET /v1/models/{model}; a served name may hold slashes (``Qwen/Qwen3.5-9B``)."""
+        name = request.path_params["model_id"]
+        try:
+            ctx.check_model(name)
+        except ModelNotFound as e:
+            return error_response(404, str(e), "model")
+        return json_response(card(name))
 
     async def health(request: Request) -> Response:
         if ctx.is_dead:
@@ -153,16 +208,25 @@ def build_app(ctx: ServerContext) -> Starlette:
         Route("/v1/completions", _handler(ctx, CompletionRequest, plan_completion, completion_full,
                                           completion_stream), methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", model, methods=["GET"]),
+        Route("/tokenize", _tokenizer_handler(ctx, TokenizeRequest, tokenize), methods=["POST"]),
+        Route("/detokenize", _tokenizer_handler(ctx, DetokenizeRequest, detokenize), methods=["POST"]),
         Route("/health", health, methods=["GET"]),
+        Route("/ping", health, methods=["GET", "POST"]),   # vLLM's (SageMaker's) name for /health
         Route("/metrics", metrics, methods=["GET"]),
         Route("/version", version, methods=["GET"]),
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})
+    app.router.redirect_slashes = False   # BodyGuard strips a trailing slash instead (no Host-built Location)
     app.state.ctx = ctx
-    if ctx.config.api_key:
-        app.add_middleware(AuthMiddleware, api_key=ctx.config.api_key)
     cfg = ctx.config
-    # added last = outermost: CORS preflights are answered before authentication, as in vLLM
-    app.add_middleware(CORSMiddleware, allow_origins=list(cfg.cors_origins), allow_methods=list(cfg.cors_methods),
-                       allow_headers=list(cfg.cors_headers), allow_credentials=cfg.cors_credentials)
+    # innermost first: the body is read only for an authenticated client
+    app.add_middleware(BodyGuard, max_request_bytes=cfg.max_request_bytes, body_timeout=cfg.body_timeout)
+    if cfg.api_key:
+        app.add_middleware(AuthMiddleware, api_key=cfg.api_key)
+    if cfg.cors_origins:
+        # opt-in (--allowed-origins); outermost: preflights are answered before authentication, as in vLLM
+        app.add_middleware(CORSMiddleware, allow_origins=list(cfg.cors_origins),
+                           allow_methods=list(cfg.cors_methods), allow_headers=list(cfg.cors_headers),
+                           allow_credentials=cfg.cors_credentials)
     return app

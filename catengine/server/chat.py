@@ -14,7 +14,8 @@ from typing import Any, AsyncIterator
 import msgspec
 
 from ..errors import InvalidRequest
-from .choices import ChatChoiceProcessor, chat_logprobs
+from .choices import ChatChoiceProcessor, chat_logprobs, prompt_logprobs
+from .limits import check_sequences
 from .protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
                        ChatCompletionResponse, DeltaMessage, NamedToolChoice, ResponseMessage,
                        UsageInfo)
@@ -22,7 +23,8 @@ from .reasoning import get_reasoning_parser, prompt_opens_thinking
 from .serving import Job, ServerContext
 from .streaming import sse, sse_done, sse_error
 from .tool_parsers import get_tool_parser
-from .validation import build_params, check_common, check_length, check_logprobs, sampling_fields
+from .validation import (build_params, check_common, check_length, check_logprobs, check_messages,
+                         check_template_kwargs, sampling_fields)
 
 
 @dataclass
@@ -60,9 +62,14 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
+def tool_dicts(tools: list[Any] | None) -> list[dict[str, Any]] | None:
+    """The request's tool structs as the template reads them."""
+    return [_plain(msgspec.to_builtins(t)) for t in tools] if tools else None
+
+
 def _tool_setup(ctx: ServerContext, req: ChatCompletionRequest) -> tuple[list | None, str | None, str]:
     """(tools shown to the template, parser to run, forced prompt suffix)."""
-    tools = [_plain(msgspec.to_builtins(t)) for t in req.tools] if req.tools else None
+    tools = tool_dicts(req.tools)
     choice = req.tool_choice
     if choice is None:
         choice = "auto" if tools else "none"
@@ -96,41 +103,54 @@ def _tool_setup(ctx: ServerContext, req: ChatCompletionRequest) -> tuple[list | 
     return tools, parser, opening[parser]
 
 
-def plan_chat(ctx: ServerContext, req: ChatCompletionRequest) -> ChatPlan:
-    check_common(req)
-    if not req.messages:
-        raise InvalidRequest("messages must be a non-empty list of {role, content} objects")
-    if req.top_logprobs is not None and not req.logprobs:
-        raise InvalidRequest("top_logprobs needs \"logprobs\": true; set it or drop top_logprobs")
-    check_logprobs(req.top_logprobs, "top_logprobs")
-    tools, parser, forced = _tool_setup(ctx, req)
-    kwargs = dict(req.chat_template_kwargs or {})
-    thinking = kwargs.get("enable_thinking", True) is not False
-    if req.continue_final_message:
-        raise InvalidRequest("continue_final_message is not supported; send the text to continue to /v1/completions")
-    messages = _plain(msgspec.to_builtins(req.messages))
+def render_messages(ctx: ServerContext, messages: list[Any], tools: list | None, kwargs: dict[str, Any],
+                    add_generation_prompt: bool) -> str:
+    """The chat template over the request's message structs (chat completions and /tokenize alike)."""
+    check_messages(messages)
+    check_template_kwargs(kwargs)
     try:
-        prompt = ctx.tokenizer.apply_chat_template(messages, tools=tools, chat_template_kwargs=kwargs,
-                                                   add_generation_prompt=req.add_generation_prompt)
+        return ctx.tokenizer.apply_chat_template(_plain(msgspec.to_builtins(messages)), tools=tools,
+                                                 chat_template_kwargs=kwargs,
+                                                 add_generation_prompt=add_generation_prompt)
     except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
         # the template runs on client data: whatever it trips over is a bad request, not a server fault
         if isinstance(e, InvalidRequest):
             raise
         raise InvalidRequest(f"the chat template cannot render these messages ({type(e).__name__}: {e}); "
                              "check the message fields") from None
+
+
+def plan_chat(ctx: ServerContext, req: ChatCompletionRequest) -> ChatPlan:
+    check_common(req)
+    if not req.messages:
+        raise InvalidRequest("messages must be a non-empty list of {role, content} objects")
+    check_messages(req.messages)   # before the tool setup, whose errors would otherwise come first
+    if req.top_logprobs is not None and not req.logprobs:
+        raise InvalidRequest("top_logprobs needs \"logprobs\": true; set it or drop top_logprobs")
+    check_logprobs(req.top_logprobs, "top_logprobs")
+    check_sequences(1, req.n, ctx.max_sequences)
+    tools, parser, forced = _tool_setup(ctx, req)
+    # --default-chat-template-kwargs under the request's own (vLLM: the request wins key by key)
+    kwargs = {**(ctx.config.default_chat_template_kwargs or {}), **(req.chat_template_kwargs or {})}
+    thinking = kwargs.get("enable_thinking", True) is not False
+    if req.continue_final_message:
+        raise InvalidRequest("continue_final_message is not supported; send the text to continue to /v1/completions")
+    prompt = render_messages(ctx, req.messages, tools, kwargs, req.add_generation_prompt)
     opened = prompt_opens_thinking(prompt)
     if forced:
         if opened:
             prompt += "\n</think>\n\n"
             opened, thinking = False, False
         prompt += forced
-    prompt_ids = ctx.tokenizer.encode(prompt, add_special_tokens=False)
+    prompt_ids = ctx.encode(prompt, add_special_tokens=False)
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     if requested is not None and requested < 1:
         raise InvalidRequest(f"max_completion_tokens must be at least 1, got {requested}")
     room = check_length(len(prompt_ids), ctx.max_model_len, requested, "messages")
     top = (req.top_logprobs or 0) if req.logprobs else None
-    params = build_params(sampling_fields(req, top), ctx.tokenizer.generation_config, requested, room, None,
+    # vLLM's prompt_logprobs (a stream reports none: > 0 was refused there)
+    prompt_lps = None if req.stream else req.prompt_logprobs
+    params = build_params(sampling_fields(req, top, prompt_lps), ctx.generation_config, requested, room, None,
                           ctx.vocab_size)
     # <tool_call> must reach the tool parser even where the tokenizer marks it special
     job = Job(ctx.new_id("chatcmpl"), prompt_ids, params, special_tokens_visible=parser is not None)
@@ -150,8 +170,13 @@ async def chat_full(ctx: ServerContext, plan: ChatPlan) -> ChatCompletionRespons
     reasons: list[Any] = [None] * n
     stop_reasons: list[Any] = [None] * n
     tokens = [0] * n
+    cached = 0
+    prompt_lps = None
     async for _, d in ctx.generate([plan.job]):
         i = d.index
+        cached = max(cached, d.num_cached_tokens)
+        if d.prompt_logprobs is not None:
+            prompt_lps = d.prompt_logprobs
         out = procs[i].feed(d.text)
         if d.finished:
             tail = procs[i].finish()
@@ -164,18 +189,18 @@ async def chat_full(ctx: ServerContext, plan: ChatPlan) -> ChatCompletionRespons
             logprobs[i] += d.logprobs
     choices = []
     for i in range(n):
-        message = ResponseMessage(content=content[i] if content[i] or not (procs[i].calls or reasoning[i]) else None,
+        message = ResponseMessage(role=ctx.config.response_role, content=content[i] if content[i] or not (procs[i].calls or reasoning[i]) else None,
                                   tool_calls=procs[i].calls)
         if ctx.config.reasoning_parser:
             message.reasoning_content = message.reasoning = reasoning[i] or None
         lp = chat_logprobs(ctx.token_texts, logprobs[i], plan.top_logprobs) if plan.top_logprobs is not None else None
         choices.append(ChatChoice(index=i, message=message, logprobs=lp,
                                   finish_reason=_finish_reason(reasons[i], procs[i]), stop_reason=stop_reasons[i]))
-    prompt_tokens = len(plan.job.prompt_ids)
-    usage = UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=sum(tokens),
-                      total_tokens=prompt_tokens + sum(tokens))
+    usage = ctx.usage(len(plan.job.prompt_ids), sum(tokens), cached)
     return ChatCompletionResponse(id=plan.job.request_id, created=plan.created, model=ctx.config.model_name,
-                                  choices=choices, usage=usage)
+                                  choices=choices, usage=usage,
+                                  prompt_logprobs=None if prompt_lps is None else prompt_logprobs(ctx.token_texts,
+                                                                                                  prompt_lps))
 
 
 async def chat_stream(ctx: ServerContext, plan: ChatPlan) -> AsyncIterator[bytes]:
@@ -185,21 +210,22 @@ async def chat_stream(ctx: ServerContext, plan: ChatPlan) -> AsyncIterator[bytes
     continuous = bool(opts and opts.continuous_usage_stats)
     prompt_tokens = len(plan.job.prompt_ids)
     tokens = [0] * n
+    cached = [0]
 
     def usage() -> UsageInfo:
-        return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=sum(tokens),
-                         total_tokens=prompt_tokens + sum(tokens))
+        return ctx.usage(prompt_tokens, sum(tokens), cached[0])
 
     def chunk(choice: ChatChunkChoice) -> bytes:
         return sse(ChatCompletionChunk(id=plan.job.request_id, created=plan.created, model=ctx.config.model_name,
-                                       choices=[choice], usage=usage() if continuous else None))
+                                       choices=[choice], usage=usage() if continuous else msgspec.UNSET))
 
     procs = [plan.processor(ctx) for _ in range(n)]
     try:
         for i in range(n):
-            yield chunk(ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content="")))
+            yield chunk(ChatChunkChoice(index=i, delta=DeltaMessage(role=ctx.config.response_role, content="")))
         async for _, d in ctx.generate([plan.job]):
             i = d.index
+            cached[0] = max(cached[0], d.num_cached_tokens)
             tokens[i] = d.num_output_tokens
             out = procs[i].feed(d.text)
             if d.finished:
@@ -233,4 +259,4 @@ async def chat_stream(ctx: ServerContext, plan: ChatPlan) -> AsyncIterator[bytes
     yield sse_done()
 
 
-__all__ = ["plan_chat", "chat_full", "chat_stream"]
+__all__ = ["plan_chat", "render_messages", "tool_dicts", "chat_full", "chat_stream"]

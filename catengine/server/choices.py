@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from .protocol import (ChatLogprobs, CompletionLogprobs, DeltaFunctionCall, DeltaToolCall, FunctionCall,
-                       TokenLogprob, ToolCall, TopLogprob)
+                       PromptLogprob, PromptLogprobs, TokenLogprob, ToolCall, TopLogprob)
 from .reasoning import Qwen3ReasoningParser
 from .tool_parsers import ToolParser
 
@@ -98,9 +98,10 @@ class ChatChoiceProcessor:
 class TokenTexts:
     """Cached token id -> (text, bytes) for logprobs; one per server (ids repeat a lot)."""
 
-    def __init__(self, tokenizer: Any, max_entries: int = 65536):
+    def __init__(self, tokenizer: Any, max_entries: int = 65536, as_ids: bool = False):
         self.tokenizer = tokenizer
         self.max_entries = max_entries
+        self.as_ids = as_ids   # --return-tokens-as-token-ids: "token_id:N", for clients that re-tokenize
         self._cache: dict[int, tuple[str, list[int]]] = {}
 
     def get(self, token_id: int) -> tuple[str, list[int]]:
@@ -108,7 +109,11 @@ class TokenTexts:
         if hit is None:
             if len(self._cache) >= self.max_entries:
                 self._cache.clear()
-            hit = (self.tokenizer.token_text(token_id), list(self.tokenizer.token_bytes(token_id)))
+            if self.as_ids:
+                text = f"token_id:{token_id}"
+                hit = (text, list(text.encode()))
+            else:
+                hit = (self.tokenizer.token_text(token_id), list(self.tokenizer.token_bytes(token_id)))
             self._cache[token_id] = hit
         return hit
 
@@ -143,4 +148,21 @@ def completion_logprobs(texts: TokenTexts, token_ids: Sequence[int], entries: Se
         top = {texts.get(t)[0]: finite(lp) for t, lp in list(e.top)[:top_n]}
         top.setdefault(token, finite(e.logprob))
         out.top_logprobs.append(top)
+    return out
+
+
+def prompt_logprobs(texts: TokenTexts, entries: Sequence[Any | None]) -> PromptLogprobs:
+    """vLLM's ``prompt_logprobs``: per position None (the first token) or ``{token_id: {logprob, rank,
+    decoded_token}}`` holding the prompt token itself, then the top-N (rank 1..N; a prompt token among
+    them appears once, with its rank)."""
+    out: PromptLogprobs = []
+    for e in entries:
+        if e is None:
+            out.append(None)
+            continue
+        position = {e.token_id: PromptLogprob(logprob=finite(e.logprob), rank=e.rank,
+                                              decoded_token=texts.get(e.token_id)[0])}
+        for rank, (t, lp) in enumerate(e.top, start=1):
+            position.setdefault(t, PromptLogprob(logprob=finite(lp), rank=rank, decoded_token=texts.get(t)[0]))
+        out.append(position)
     return out

@@ -7,6 +7,8 @@ encoder (msgspec would write ``null``), so logprobs are clamped where they are b
 """
 from __future__ import annotations
 
+import logging
+import threading
 from typing import Any
 
 import msgspec
@@ -102,6 +104,7 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    prompt_logprobs: int | None = None
     tools: list[ToolDefinition] | None = None
     tool_choice: str | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
@@ -115,32 +118,59 @@ class CompletionRequest(_SamplingFields, kw_only=True):
     # a string, a list of strings, a list of token ids or a list of token-id lists; checked in validation
     prompt: str | list[Any]
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
     response_format: ResponseFormat | None = None
 
 
+log = logging.getLogger("catengine.server")
+_warned_fields: set[tuple[str, str]] = set()
+_warned_lock = threading.Lock()
+_top_level = msgspec.json.Decoder(dict[str, msgspec.Raw])   # keys only: the values stay undecoded
+
+
+def _warn_unknown_fields(body: bytes, kind: type[msgspec.Struct]) -> None:
+    """vLLM ignores fields it does not know and logs them; here each (request kind, field name) is
+    logged once per process, so a client that always sends one extra field does not flood the log."""
+    unknown = set(_top_level.decode(body)) - set(kind.__struct_fields__)
+    with _warned_lock:
+        new = sorted(name for name in unknown if (kind.__name__, name) not in _warned_fields)
+        _warned_fields.update((kind.__name__, name) for name in new)
+    if new:
+        log.warning("%s: ignoring the unknown request field(s) %s (logged once per field name)",
+                    kind.__name__, ", ".join(new))
+
+
 def decode_request(body: bytes, kind: type[msgspec.Struct]):
-    """Decode a JSON body into ``kind``; any malformed body or wrong type is an ``InvalidRequest``."""
+    """Decode a JSON body into ``kind``; any malformed body or wrong type is an ``InvalidRequest``.
+    Booleans are strict (msgspec's default): ``"stream": "no"`` is a 400, not a truthy string."""
     if not body:
         raise InvalidRequest("the request body is empty; send a JSON object")
     try:
-        return msgspec.json.decode(body, type=kind)
+        req = msgspec.json.decode(body, type=kind)
     except msgspec.ValidationError as e:
         raise InvalidRequest(f"invalid request: {e}") from None
     except msgspec.DecodeError as e:
         raise InvalidRequest(f"the request body is not valid JSON: {e}") from None
+    _warn_unknown_fields(body, kind)
+    return req
 
 
 # ---------------------------------------------------------------------------------------------
 # responses
 
 
+class PromptTokensDetails(msgspec.Struct, kw_only=True):
+    cached_tokens: int = 0
+
+
 class UsageInfo(msgspec.Struct, kw_only=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None   # with --enable-prompt-tokens-details
 
 
 class FunctionCall(msgspec.Struct, kw_only=True):
@@ -179,6 +209,17 @@ class CompletionLogprobs(msgspec.Struct, kw_only=True):
     top_logprobs: list[dict[str, float] | None] = msgspec.field(default_factory=list)
 
 
+class PromptLogprob(msgspec.Struct, kw_only=True):
+    """vLLM's ``Logprob`` in ``prompt_logprobs``: one entry of a position's ``{token_id: ...}`` map."""
+    logprob: float
+    rank: int | None
+    decoded_token: str | None
+
+
+# vLLM's prompt_logprobs: per prompt position None (the first) or {token id (a string key in JSON): entry}
+PromptLogprobs = list[dict[int, PromptLogprob] | None]
+
+
 class ResponseMessage(msgspec.Struct, kw_only=True):
     role: str = "assistant"
     content: str | None = None
@@ -202,6 +243,7 @@ class ChatCompletionResponse(msgspec.Struct, kw_only=True):
     model: str
     choices: list[ChatChoice]
     usage: UsageInfo
+    prompt_logprobs: PromptLogprobs | None = None   # vLLM's, not OpenAI's
 
 
 class CompletionChoice(msgspec.Struct, kw_only=True):
@@ -210,6 +252,7 @@ class CompletionChoice(msgspec.Struct, kw_only=True):
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobs | None = None   # vLLM's, not OpenAI's
 
 
 class CompletionResponse(msgspec.Struct, kw_only=True):
@@ -251,13 +294,15 @@ class ChatChunkChoice(msgspec.Struct, kw_only=True):
     finish_reason: str | None = None
 
 
-class ChatCompletionChunk(msgspec.Struct, kw_only=True, omit_defaults=True):
+# The chunks themselves are not omit_defaults: that dropped ``object`` (a required field of the OpenAI
+# schema). Only ``usage`` is left out, through UNSET, unless it is sent.
+class ChatCompletionChunk(msgspec.Struct, kw_only=True):
     id: str
     object: str = "chat.completion.chunk"
     created: int
     model: str
     choices: list[ChatChunkChoice]
-    usage: UsageInfo | None = None
+    usage: UsageInfo | msgspec.UnsetType = msgspec.UNSET
 
 
 class CompletionChunkChoice(msgspec.Struct, kw_only=True):
@@ -267,16 +312,17 @@ class CompletionChunkChoice(msgspec.Struct, kw_only=True):
     finish_reason: str | None = None
 
 
-class CompletionChunk(msgspec.Struct, kw_only=True, omit_defaults=True):
+class CompletionChunk(msgspec.Struct, kw_only=True):
     id: str
     object: str = "text_completion"
     created: int
     model: str
     choices: list[CompletionChunkChoice]
-    usage: UsageInfo | None = None
+    usage: UsageInfo | msgspec.UnsetType = msgspec.UNSET
 
 
 # --- models, errors
+
 
 
 class ModelCard(msgspec.Struct, kw_only=True):
@@ -305,7 +351,8 @@ class ErrorResponse(msgspec.Struct, kw_only=True):
 
 
 _ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
-                405: "MethodNotAllowedError", 413: "BadRequestError",
+                405: "MethodNotAllowedError", 408: "RequestTimeoutError", 413: "BadRequestError",
+                415: "BadRequestError", 429: "RateLimitError",
                 500: "InternalServerError", 503: "ServiceUnavailableError"}
 
 

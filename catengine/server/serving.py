@@ -20,6 +20,8 @@ from ..errors import CapacityExceeded, CatEngineError, EngineDead, InvalidReques
 from ..metrics import Metrics
 from ..sampling import SamplingParams
 from .choices import TokenTexts
+from .limits import Admission, sequences_limit
+from .protocol import PromptTokensDetails, UsageInfo
 
 if TYPE_CHECKING:
     from ..request_state import PreparedRequest
@@ -31,6 +33,10 @@ class ModelNotFound(CatEngineError):
     """The request names a model this server does not serve (HTTP 404)."""
 
 
+class ShuttingDown(EngineDead):
+    """The server stopped this request at its shutdown deadline (HTTP 503 / a final SSE error event)."""
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     served_model_names: tuple[str, ...]
@@ -39,10 +45,21 @@ class ServerConfig:
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     max_request_bytes: int = 32 << 20
-    cors_origins: tuple[str, ...] = ("*",)
+    max_sequences_per_request: int | None = None   # None: limits.sequences_limit's default
+    max_waiting_requests: int | None = None        # None: unbounded
+    body_timeout: float | None = 30.0              # seconds for a request body to arrive in full
+    # CORS is opt-in (--allowed-origins): with none, browsers get no CORS headers
+    cors_origins: tuple[str, ...] = ()
     cors_methods: tuple[str, ...] = ("*",)
     cors_headers: tuple[str, ...] = ("*",)
     cors_credentials: bool = False
+    # vLLM's API-shaping flags (catengine/cli/serve_flags.py)
+    response_role: str = "assistant"
+    default_chat_template_kwargs: dict[str, Any] | None = None
+    enable_prompt_tokens_details: bool = False
+    return_tokens_as_token_ids: bool = False
+    generation_config: dict[str, Any] | None = None   # sampling defaults; None: the model's generation_config.json
+    log_requests: bool = True
 
     @property
     def model_name(self) -> str:
@@ -67,17 +84,45 @@ class ServerContext:
         self.config = config
         self.tokenizer = engine.tokenizer
         self.metrics = Metrics(config.model_name)
-        self.token_texts = TokenTexts(self.tokenizer)
+        self.token_texts = TokenTexts(self.tokenizer, as_ids=config.return_tokens_as_token_ids)
+        self.generation_config: dict[str, Any] = (self.tokenizer.generation_config if config.generation_config is None
+                                                  else config.generation_config)
         self.dead_reason: str | None = None
         self.created = int(time.time())
         self.max_model_len: int = int(engine.config.max_model_len)
         self.vocab_size: int = int(engine.vocab_size)
+        self.max_sequences = sequences_limit(config.max_sequences_per_request, engine.config.max_num_seqs)
+        self.admission = Admission(config.max_waiting_requests)
+        self.stopping: str | None = None   # why in-flight requests are being stopped (shutdown deadline)
+        self._open_jobs: set[str] = set()  # engine request ids being generated
 
     async def run_blocking(self, fn, *args):
         """Templates and tokenization of long prompts take long enough to stall every stream if run on
-        the event loop: they run on the engine's one preparation thread (HF fast tokenizers are not
-        safe to call concurrently, so it is the same thread that prepares requests)."""
+        the event loop: they run on the engine's preparation queue, as one task of this request
+        (``prep_queue.FairPrepQueue``: turns by request, a second worker under load)."""
         return await self.engine.run_on_prep_thread(fn, *args)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Tokenize a prompt on the preparation thread, after the character check that refuses text
+        too long to fit the context without tokenizing it."""
+        self.engine.check_prompt_chars(text)
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    async def encode_async(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """:meth:`encode` as one task of this request on the preparation thread."""
+        return await self.run_blocking(self.encode, text, add_special_tokens)
+
+    async def decode_async(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return await self.run_blocking(self.tokenizer.decode, ids, skip_special_tokens)
+
+    def stop_all(self, reason: str) -> int:
+        """Stop every in-flight request (the shutdown deadline): each running generation ends with
+        :class:`ShuttingDown` (a 503, or a final SSE error event); returns how many were aborted."""
+        self.stopping = reason
+        ids = list(self._open_jobs)
+        for request_id in ids:
+            self._abort(request_id)
+        return len(ids)
 
     def close(self) -> None:
         """Nothing of the context's own to release: the engine owns the preparation thread and
@@ -125,6 +170,13 @@ class ServerContext:
             except CapacityExceeded as e:
                 raise InvalidRequest(str(e)) from None
 
+    def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> UsageInfo:
+        """The usage object; with --enable-prompt-tokens-details it counts the prompt tokens that were
+        prefix-cache hits (vLLM's prompt_tokens_details.cached_tokens)."""
+        details = PromptTokensDetails(cached_tokens=cached_tokens) if self.config.enable_prompt_tokens_details else None
+        return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                         total_tokens=prompt_tokens + completion_tokens, prompt_tokens_details=details)
+
     @staticmethod
     def new_id(prefix: str) -> str:
         return f"{prefix}-{uuid.uuid4().hex}"
@@ -135,15 +187,30 @@ class ServerContext:
         yet prepared are prepared first)."""
         self.check_alive()
         await self.prepare(jobs)
+        if self.stopping:
+            raise ShuttingDown(self.stopping)
         start = time.perf_counter()
         open_seqs = {(k, i) for k, job in enumerate(jobs) for i in range(job.params.n)}
         last_time: dict[tuple[int, int], float] = {}
         counted_prompt: set[int] = set()
+        finished_prompt: set[int] = set()
+        logs = [_RequestLog(job.request_id, len(job.prompt_ids), job.params.n) for job in jobs]
+        self._open_jobs.update(job.request_id for job in jobs)
         try:
             async for k, delta in self._merged(jobs):
+                self.admission.started()
+                if self.stopping and delta.finish_reason == "abort":
+                    raise ShuttingDown(self.stopping)
                 key = (k, delta.index)
                 now = time.perf_counter()
+                if k not in counted_prompt:   # the first delta comes after the prompt's prefill
+                    counted_prompt.add(k)
+                    self.metrics.count_tokens(prompt_tokens=len(jobs[k].prompt_ids))
+                    logs[k].first_token = now - start
+                    logs[k].cached = delta.num_cached_tokens
+                logs[k].output[delta.index] = delta.num_output_tokens
                 if delta.token_ids:
+                    self.metrics.count_tokens(generation_tokens=len(delta.token_ids))
                     if key not in last_time:
                         self.metrics.observe_first_token(now - start)
                     else:
@@ -151,18 +218,34 @@ class ServerContext:
                     last_time[key] = now
                 if delta.finished:
                     open_seqs.discard(key)
-                    prompt = 0 if k in counted_prompt else len(jobs[k].prompt_ids)
-                    counted_prompt.add(k)
+                    prompt = 0 if k in finished_prompt else len(jobs[k].prompt_ids)
+                    finished_prompt.add(k)
                     self.metrics.observe_finished(delta.finish_reason, prompt, delta.num_output_tokens, now - start)
+                    logs[k].finish(delta.index, delta.finish_reason, delta.num_output_tokens)
+                    if logs[k].done:
+                        self._log_request(logs[k], now - start)
                 yield k, delta
         except EngineDead as e:
             self.dead_reason = self.dead_reason or str(e)
             raise
         finally:
-            for k in {k for k, _ in open_seqs}:
+            self.admission.started()
+            self._open_jobs.difference_update(job.request_id for job in jobs)
+            aborted = {k for k, _ in open_seqs}
+            for k in aborted:
                 self._abort(jobs[k].request_id)
-            for _ in open_seqs:
-                self.metrics.observe_finished("abort", 0, 0, time.perf_counter() - start)
+            now = time.perf_counter()
+            # request_success_total counts requests: one abort per unfinished prompt, not per sequence
+            for _ in aborted:
+                self.metrics.observe_finished("abort", 0, 0, now - start)
+            for k, i in open_seqs:
+                logs[k].finish(i, "abort", None)
+            for k in aborted:
+                self._log_request(logs[k], now - start)
+
+    def _log_request(self, entry: "_RequestLog", e2e: float) -> None:
+        if self.config.log_requests:
+            log.info("%s", entry.line(e2e))
 
     def _abort(self, request_id: str) -> None:
         try:
@@ -221,6 +304,36 @@ async def _aclose(stream: Any) -> None:
             await close()
         except Exception:  # noqa: BLE001
             log.debug("closing an engine stream failed", exc_info=True)
+
+
+class _RequestLog:
+    """What the one INFO line of a finished request says (--disable-log-requests turns it off)."""
+
+    def __init__(self, request_id: str, prompt_tokens: int, n: int):
+        self.request_id, self.prompt_tokens = request_id, prompt_tokens
+        self.first_token: float | None = None
+        self.cached = 0
+        self.output = [0] * n
+        self.reasons: list[str | None] = [None] * n
+
+    def finish(self, index: int, reason: str | None, output_tokens: int | None) -> None:
+        self.reasons[index] = reason
+        if output_tokens is not None:
+            self.output[index] = output_tokens
+
+    @property
+    def done(self) -> bool:
+        return all(r is not None for r in self.reasons)
+
+    def line(self, e2e: float) -> str:
+        out = sum(self.output)
+        ttft = "-" if self.first_token is None else f"{self.first_token:.3f}s"
+        decode = e2e - (self.first_token or 0.0)
+        # decode speed: the tokens after each completion's first, over the time after the first token
+        rate = f"{(out - len(self.output)) / decode:.1f}" if out > len(self.output) and decode > 0 else "-"
+        reasons = ",".join(sorted({r or "abort" for r in self.reasons}))
+        return (f"request {self.request_id}: prompt {self.prompt_tokens} tokens ({self.cached} cached), output "
+                f"{out} tokens, TTFT {ttft}, e2e {e2e:.3f}s, {rate} tok/s, finish {reasons}")
 
 
 def check_token_ids(ids: list[Any], vocab_size: int, what: str) -> list[int]:

@@ -30,8 +30,14 @@ def check_common(req: Any) -> None:
     stops = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
     if len(stops) > MAX_STOP_STRINGS:
         raise InvalidRequest(f"stop may list at most {MAX_STOP_STRINGS} strings, got {len(stops)}")
-    if req.max_tokens is not None and req.max_tokens < 1:
-        raise InvalidRequest(f"max_tokens must be at least 1, got {req.max_tokens}")
+    echo_only = getattr(req, "echo", False) and req.max_tokens == 0   # completions: the prompt, scored
+    if req.max_tokens is not None and req.max_tokens < 1 and not echo_only:
+        raise InvalidRequest(f"max_tokens must be at least 1 (0 only with \"echo\": true, which returns the "
+                             f"prompt alone), got {req.max_tokens}")
+    check_logprobs(req.prompt_logprobs, "prompt_logprobs")
+    if req.stream and req.prompt_logprobs:
+        raise InvalidRequest("prompt_logprobs are not available when stream is true (as in vLLM); drop one of "
+                             "them (completions: echo with logprobs streams the prompt's logprobs)")
     fmt = getattr(req, "response_format", None)
     if fmt is not None:
         if fmt.type not in _FORMAT_TYPES:
@@ -42,9 +48,35 @@ def check_common(req: Any) -> None:
                                  "for JSON in the prompt")
 
 
-def sampling_fields(req: Any, logprobs: int | None) -> dict[str, Any]:
+# OpenAI requires content on these roles; an assistant message may carry only tool_calls (or be a prefill)
+CONTENT_ROLES = ("system", "developer", "user", "tool")
+# chat_template_kwargs the server itself reads (the template sees them too); each must be a JSON boolean
+BOOL_TEMPLATE_KWARGS = ("enable_thinking",)
+
+
+def check_messages(messages: list[Any]) -> None:
+    """A message of a role OpenAI requires content for, sent without content (or with null), is a 400:
+    rendered, it would be an empty turn the model answers at length."""
+    for i, m in enumerate(messages):
+        if m.role in CONTENT_ROLES and m.content is None:
+            raise InvalidRequest(f"messages[{i}] (role {m.role!r}) has no content; {m.role} messages need "
+                                 "\"content\": a string or a list of {\"type\": \"text\", \"text\": ...} parts")
+
+
+def check_template_kwargs(kwargs: dict[str, Any]) -> None:
+    """Booleans the server acts on are parsed strictly: ``"no"`` is truthy to Python and Jinja alike (vLLM's
+    qwen3 reasoning parser and the Qwen templates would both read it as thinking on), so anything but
+    true/false is refused instead of guessed."""
+    for key in BOOL_TEMPLATE_KWARGS:
+        if key in kwargs and not isinstance(kwargs[key], bool):
+            raise InvalidRequest(f"chat_template_kwargs.{key} must be true or false (a JSON boolean), got "
+                                 f"{kwargs[key]!r}")
+
+
+def sampling_fields(req: Any, logprobs: int | None, prompt_logprobs: int | None = None) -> dict[str, Any]:
     """SamplingParams fields a request set (None = unset: generation_config then defaults apply)."""
     return {
+        "prompt_logprobs": prompt_logprobs,
         "n": req.n, "temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k, "min_p": req.min_p,
         "presence_penalty": req.presence_penalty, "frequency_penalty": req.frequency_penalty,
         "repetition_penalty": req.repetition_penalty, "logit_bias": req.logit_bias, "seed": req.seed,

@@ -219,7 +219,12 @@ def run_engine_sections(preset: str, path: Path, args, sizes: Sizes, sections: s
         res["kv_fp8"] = {"ctx": sizes.fp8_ctx, "fp16_tps": fp16, "fp8_e5m2_tps": fp8, "ratio": fp8 / fp16}
         print_table(f"{preset}: KV cache dtype at {sizes.fp8_ctx} context (incremental decode tok/s, batch 1)",
                     ["fp16 KV", "fp8_e5m2 KV", "fp8 / fp16"], [[fp16, fp8, fp8 / fp16]])
-    if "cuda_graphs" in sections and not args.enforce_eager:
+    if "cuda_graphs" in sections and not graphs_used:
+        # no graphs to compare (CPU, --enforce-eager, a failed capture): a ratio of eager to eager would mislead
+        why = "--enforce-eager" if args.enforce_eager else f"no decode CUDA graphs on {args.device}"
+        res["cuda_graphs"] = {"ctx": sizes.short_ctx, "graphs_used": False, "skipped": why}
+        print(f"### {preset}: decode CUDA graphs vs eager: skipped ({why})", flush=True)
+    elif "cuda_graphs" in sections:
         b = EngineBench(path, argparse.Namespace(**{**vars(args), "enforce_eager": True}), sizes)
         try:
             eager = b.decode_tps(sizes.short_ctx)

@@ -4,6 +4,7 @@ against, and the timing helpers. Both import it; neither imports the other at mo
 """
 from __future__ import annotations
 
+import math
 import random
 import statistics
 from pathlib import Path
@@ -50,10 +51,15 @@ def print_table(title: str, header: list[str], rows: list[list], file=None) -> s
     """Print (and return) a Markdown table, numbers formatted compactly."""
     def fmt(v):
         if isinstance(v, float):
+            if not math.isfinite(v):
+                return "n/a"
             return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
         return "-" if v is None else str(v)
     lines = [f"### {title}", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
+    if any(isinstance(v, float) and not math.isfinite(v) for row in rows for v in row):
+        # incremental_tps gives NaN when timing noise exceeds the decode time (short --quick runs, CPU)
+        lines.append("(n/a: lost in timing noise; more --reps or longer runs give a number)")
     text = "\n".join(lines)
     print(text, file=file, flush=True)
     return text

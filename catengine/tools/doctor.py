@@ -196,6 +196,10 @@ def op_paths(facts: dict, kernels_dir: Path = KERNELS_DIR) -> dict[str, dict]:
             path = "tl.dot -> FMA (Triton >= 3.3 has no sm_70 tensor cores)" if fma else "tl.dot (HMMA via Triton < 3.3)"
         else:
             path = "tl.dot (tensor cores)"
+        if op == "chunk_gated_delta_rule" and path == "HMMA.884 Gluon":
+            from ..kernels.gdn.table import TABLE
+            if TABLE[70].prefill != "split":   # the HMMA.884 stages (o_hmma, h_hmma) are the split form's
+                path = "tl.dot -> FMA (the sm_70 row runs the scan form; its HMMA.884 stages need the split)"
         if op == "w4a16_linear" and row is not None and path != "torch twin":
             from ..kernels.w4a16.dequant import DEQUANT_MIN_M
             path += f"; from M = {DEQUANT_MIN_M[f'sm{row}']}: dequantise + cuBLAS"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
 import shutil
 import sys
@@ -123,6 +124,7 @@ class ShardWriter:
             return
         tmp = self.dst / f".shard-{len(self.shards):05d}.safetensors.tmp"
         save_file(self.pending, str(tmp), metadata={"format": "pt"})
+        os.chmod(tmp, _file_mode())   # safetensors writes 0600; a checkpoint is shared like any file
         self.shards.append((tmp, list(self.pending)))
         self.pending, self.pending_bytes = {}, 0
 
@@ -139,6 +141,13 @@ class ShardWriter:
             index = {"metadata": {"total_size": self.total}, "weight_map": dict(sorted(weight_map.items()))}
             (self.dst / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
         return files
+
+
+def _file_mode() -> int:
+    """What ``open()`` would give a new file: 0666 less the umask (read from the process, restored at once)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 
 def skip_list(quantized: set[str], dense: set[str], method: str) -> list[str]:

@@ -72,3 +72,84 @@ def test_parser_flags_checked():
         serve_cli.server_config(parse("--enable-auto-tool-choice"), "m")
     with pytest.raises(ConfigError, match="use one of"):
         serve_cli.server_config(parse("--reasoning-parser nope"), "m")
+
+
+# ------------------------------------------------------------------ issue 25: limits, start-up errors
+
+def test_limit_flags_and_their_defaults():
+    from catengine.cli.serve_limits import http_settings
+    args = parse("")
+    cfg = serve_cli.server_config(args, "m")
+    assert cfg.cors_origins == () and cfg.max_waiting_requests is None and cfg.body_timeout == 30.0
+    http = http_settings(args)
+    assert (http.timeout_keep_alive, http.header_timeout, http.limit_concurrency, http.shutdown_timeout,
+            http.access_log) == (5.0, 10.0, 1024, 20.0, True)
+    args = parse("--allowed-origins [\"https://ui.example\"] --allow-credentials --max-waiting-requests 50 "
+                 "--max-sequences-per-request 64 --shutdown-timeout 0 --header-timeout 3 --limit-concurrency 0 "
+                 "--disable-uvicorn-access-log --max-request-bytes 1000 --body-timeout 2.5")
+    cfg = serve_cli.server_config(args, "m")
+    assert cfg.cors_origins == ("https://ui.example",) and cfg.cors_credentials
+    assert (cfg.max_waiting_requests, cfg.max_sequences_per_request, cfg.max_request_bytes,
+            cfg.body_timeout) == (50, 64, 1000, 2.5)
+    http = http_settings(args)
+    assert (http.shutdown_timeout, http.header_timeout, http.limit_concurrency, http.access_log) == (None, 3.0,
+                                                                                                 None, False)
+
+
+@pytest.mark.parametrize("line,match", [("--port 99999", "not a TCP port"), ("--port x", "not a TCP port"),
+                                        ("--shutdown-timeout -1", "seconds"), ("--timeout-keep-alive 0", "> 0"),
+                                        ("--max-waiting-requests -3", "positive")])
+def test_bad_limit_values_are_one_line(line, match, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse(line)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert match in err[-1] and "Traceback" not in "\n".join(err)
+
+
+def test_api_key_from_the_environment(monkeypatch):
+    monkeypatch.setenv("CATENGINE_API_KEY", "from-env")
+    assert serve_cli.server_config(parse(""), "m").api_key == "from-env"
+    monkeypatch.setenv("VLLM_API_KEY", "vllm-env")
+    assert serve_cli.server_config(parse(""), "m").api_key == "vllm-env"
+    assert serve_cli.server_config(parse("--api-key flag"), "m").api_key == "flag"
+
+
+def _broken_model(tmp_path, breakage: str):
+    import shutil
+
+    from catengine.tools.demo import demo_model_path
+    src = demo_model_path()
+    dst = tmp_path / "model"
+    dst.mkdir()
+    for f in src.iterdir():
+        if f.name == "model.safetensors" and breakage == "config":
+            (dst / f.name).symlink_to(f)
+        elif f.name != "model.safetensors":
+            shutil.copy(f, dst / f.name)
+    weights = dst / "model.safetensors"
+    if breakage == "truncated":
+        with open(src / "model.safetensors", "rb") as fin, open(weights, "wb") as fout:
+            fout.write(fin.read(src.joinpath("model.safetensors").stat().st_size // 2))
+    elif breakage == "garbage":
+        weights.write_bytes(b"this is not a safetensors file" * 10)
+    elif breakage == "config":
+        (dst / "config.json").write_text('{"model_type": "qwen3_5", ')
+    return dst
+
+
+@pytest.mark.parametrize("breakage,match", [("truncated", "is truncated"), ("garbage", "not a safetensors file"),
+                                            ("config", "is not valid JSON")])
+def test_broken_checkpoint_is_one_clear_line(tmp_path, capsys, breakage, match):
+    model = _broken_model(tmp_path, breakage)
+    rc = serve_cli.run(parse(f"--model {model} --device cpu --port 8123"))
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("catengine serve:")]
+    assert rc != 0 and len(err) == 1 and match in err[0], err
+
+
+def test_readme_documents_the_key_from_the_environment_and_the_limits():
+    from pathlib import Path
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    for needle in ("CATENGINE_API_KEY", "VLLM_API_KEY", "--allowed-origins", "--shutdown-timeout",
+                   "--max-waiting-requests", "--limit-concurrency", "--header-timeout"):
+        assert needle in text, needle

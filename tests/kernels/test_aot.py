@@ -21,6 +21,9 @@ AOT_MODULES = (
     "catengine.kernels.gdn.recurrent",
     "catengine.kernels.common.gemm884",
     "catengine.kernels.w4a16.gemm_sm70",
+    "catengine.kernels.attention.paged_sm70",
+    "catengine.kernels.gdn.chunk_o_sm70",
+    "catengine.kernels.gdn.chunk_h_sm70",
 )
 
 
@@ -44,6 +47,9 @@ def test_module_compiles(module, cc):
         if cc == 70:
             assert r["shared"] <= SM70_SHARED_LIMIT, f"{r} needs more shared memory than a V100 block has"
             assert not r["forbidden"], f"{r} emits instructions sm_70 lacks"
+            assert r["sass_hmma884"] in (None, r["mma884"]), r
+        # every Gluon kernel is an HMMA.884 kernel: its products must reach m8n8k4, not FMA
+        assert not r["gluon"] or r["mma884"], f"{r}: a Gluon kernel without mma.sync.aligned.m8n8k4 in its PTX"
         # a single-slot pipelined buffer read by an asynchronous wgmma that is still in flight when
         # the next tile's copy lands: wrong results on Hopper only (the interpreter runs it right)
         assert not r["overwritten_wgmma_operands"], f"{r}: the next tile's copy overwrites wgmma operands"

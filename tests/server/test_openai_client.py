@@ -29,7 +29,7 @@ def server():
            "--api-key", KEY, "--served-model-name", MODEL, "--max-model-len", str(MAX_MODEL_LEN),
            "--kv-cache-memory-bytes", str(64 << 20), "--enable-auto-tool-choice", "--tool-call-parser",
            "qwen3_coder", "--reasoning-parser", "qwen3", "--attention-backend", "FLASH_ATTN_V100",
-           "--trust-remote-code", "--log-level", "warning"]
+           "--trust-remote-code", "--log-level", "info"]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     base = f"http://127.0.0.1:{port}"
@@ -240,3 +240,11 @@ def test_forced_tool_call_stream_equals_full(client):
     assert [args[i] for i in sorted(args)] == [c.function.arguments for c in calls]
     assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == \
         [full.choices[0].finish_reason]
+
+
+def test_request_lines_and_never_the_api_key_in_the_log(server):
+    """Runs last (file order): every request above left its INFO line; the key never reached the console."""
+    text = server[1].read_text()
+    lines = [line for line in text.splitlines() if "catengine.server: request chatcmpl-" in line]
+    assert lines and all("TTFT" in line and "finish " in line for line in lines), text[-3000:]
+    assert KEY not in text

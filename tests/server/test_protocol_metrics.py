@@ -34,6 +34,7 @@ def test_metrics_exposition():
     m.observe_token_gap(0.02, 2)
     m.observe_finished("stop", 10, 5, 1.2)
     m.observe_finished("length", 3, 7, 0.4)
+    m.count_tokens(prompt_tokens=13, generation_tokens=12)
     text = m.render({"num_running": 2, "num_waiting": 1, "kv_cache_usage": 0.25, "prefix_cache_queries": 64,
                      "prefix_cache_hits": 32})
     label = 'model_name="my \\"model\\""'

@@ -218,3 +218,19 @@ def test_cli(src, tmp_path, capsys):
     assert "linears quantized" in capsys.readouterr().err
     assert cli_main(["quantize", str(d), str(out)]) == 2
     assert "already holds a model" in capsys.readouterr().err
+
+
+def test_written_files_follow_the_umask(src, tmp_path):
+    """safetensors writes its files 0600; the quantized checkpoint's files get what open() gives (0666 less the
+    umask), like its config.json, so another user or a container can read the model."""
+    import os
+    import stat
+    _, d = src
+    old = os.umask(0o027)
+    try:
+        quantize_checkpoint(d, tmp_path / "q", "awq", 32, False)
+    finally:
+        os.umask(old)
+    written = [p for p in (tmp_path / "q").iterdir() if p.suffix == ".safetensors" or p.name == "config.json"]
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in written}
+    assert len(modes) >= 2 and all(m == 0o640 for m in modes.values()), {k: oct(v) for k, v in modes.items()}

@@ -1,6 +1,7 @@
 """Paged causal GQA attention over the KV cache (twin: ``attention.naive.paged_attention``).
 
-One kernel body, two launch shapes picked by ``max_query_len``:
+One kernel body, two launch shapes picked by ``max_query_len`` (on the sm_70 row, fp16 runs paged_sm70.py's
+HMMA.884 kernel instead, with the same grid and row packing, once ``paged_sm70.ENABLED``):
 
 * prefill (``max_query_len > DECODE_MAX_QUERY``): grid (query tiles, B * nkv). A program owns
   ``TOK = BLOCK_M // G`` consecutive new tokens of one sequence times the ``G = nh / nkv`` query
@@ -34,6 +35,7 @@ from ..common.arch import INTERPRET, arch_from_cc, arch_of, device_key
 from ..common.e5m2_jit import e5m2_pair
 from .decode import kv_tile, split_reduce_kernel
 from . import DEFAULT_BLOCK_SIZE
+from .paged_sm70 import paged_attention_sm70, sm70_applies
 from .launch import DECODE, DECODE_E5M2, PREFILL, AttnLaunch, decode_warps, num_decode_splits, table_launch
 
 DECODE_MAX_QUERY = 8          # up to this many new tokens per sequence use the split-KV decode launch
@@ -220,6 +222,9 @@ def paged_attention_with(q, k_cache, v_cache, block_tables, seq_lens, query_star
     if t == 0 or b == 0 or max_query_len <= 0:
         return out
     arch = arch or arch_of(q.device)
+    if cfg is None and sm70_applies(arch, q, k_cache):   # Volta tensor cores (tl.dot is FMA there)
+        return paged_attention_sm70(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
+                                    max_query_len, max_seq_len, gate, num_splits=num_splits)
     decode = max_query_len <= DECODE_MAX_QUERY
     fp8 = k_cache.dtype == torch.uint8
     cfg = cfg or table_launch(arch, d, decode, fp8)

@@ -27,6 +27,8 @@ from ..common.aot import AotConfig
 from ..common.arch import arch_from_cc
 from .chunk_h import gdn_chunk_h_kernel, gdn_chunk_scan_kernel
 from .chunk_o import gdn_chunk_o_kernel
+from .chunk_h_sm70 import h_hmma_applies, state_launch
+from .chunk_o_sm70 import o_hmma_applies, output_launch
 from .chunk_wy import gdn_chunk_inv_kernel, gdn_chunk_wy_kernel
 from .table import AOT_DIMS, BT, SPLIT_MIN_BLOCK, TABLE, GDNTable, aot_config, aot_dtype, device_table, pad, prepare
 
@@ -112,13 +114,21 @@ def _split_launches(q, k, v, g, beta, o, ssm, qsl, cu, slots, has_init, scale, l
             k, w, u, g, kn, vn, hb, ssm, qsl, cu, slots, has_init, c_lo, c_hi, hv, r, k.stride(0), k.stride(1),
             g.stride(0), ssm.stride(0), K=dk, V=dv, BK=wbk, BV=hbv, num_warps=cfg.h_warps, num_stages=cfg.h_stages)
 
+    n_state = nb * hv * triton.cdiv(dv, hbv)
+    # sm_70: the products on HMMA.884 (Gluon) where the row says so, for fp16 on CUDA
+    if h_hmma_applies(cfg, dt, dev):
+        state, n_state = state_launch(k, w, u, g, kn, vn, hb, ssm, qsl, cu, slots, has_init, nb, nt)
+    if o_hmma_applies(cfg, dt, dev):
+        return wy, state, output_launch(q, k, vn, hb, g, kn, o, qsl, cu, scale, l2, nb, nt), n_state, \
+            cfg.overlap_max_programs, cfg.overlap_min_chunks
+
     def out(c_lo=0, c_hi=nt):
         gdn_chunk_o_kernel[(c_hi - c_lo, hv, triton.cdiv(dv, obv))](
             q, k, vn, hb, g, kn, o, qsl, cu, c_lo, nb, hv, r, scale, q.stride(0), q.stride(1), k.stride(0),
             k.stride(1), g.stride(0), o.stride(0), o.stride(1), K=dk, V=dv, BK=bk, BV=obv, USE_L2NORM=l2,
             num_warps=cfg.o_warps, num_stages=cfg.o_stages)
 
-    return wy, state, out, nb * hv * triton.cdiv(dv, hbv), cfg.overlap_max_programs, cfg.overlap_min_chunks
+    return wy, state, out, n_state, cfg.overlap_max_programs, cfg.overlap_min_chunks
 
 
 def _scan_launches(q, k, v, g, beta, o, ssm, qsl, cu, slots, has_init, scale, l2, nb, nt, cfg):

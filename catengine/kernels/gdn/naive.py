@@ -117,6 +117,36 @@ def chunk_gated_delta_rule(q, k, v, g, beta, ssm_states, query_start_loc, state_
     return out
 
 
+def chunk_output(q, k, vn, hb, g, kn, query_start_loc, scale: float, use_qk_l2norm: bool = True,
+                 chunk_size: int = 64):
+    """The split form's output stage alone (chunk_o.py, chunk_o_sm70.py): per chunk of each sequence,
+    o = e^G (q S_c) + tril(q k^T * e^{G_i - G_j}) v_new with G the chunk's cumulative log decay.
+
+    q, k: [T, Hk, dk]; vn (v_new): [T, Hv, dv]; hb: [chunks, Hv, dk, dv], the state at the start of each
+    chunk in global chunk order (sequences in order, ceil(len / chunk_size) each); g: [T, Hv] log decay per
+    token; kn: [T, Hv] the key norms 1 / |k| the WY stage wrote (k is scaled by them, not normalised here);
+    q l2-normalised when ``use_qk_l2norm``, then scaled by ``scale``. Returns o: [T, Hv, dv] in vn.dtype.
+    """
+    rep = vn.shape[1] // q.shape[1]
+    qf = q.float()
+    if use_qk_l2norm:
+        qf = _l2norm(qf)
+    qf = (qf * scale).repeat_interleave(rep, 1)
+    kf = k.float().repeat_interleave(rep, 1) * kn.float()[:, :, None]
+    out = torch.empty_like(vn)
+    qsl, c = query_start_loc.tolist(), 0
+    for b in range(len(qsl) - 1):
+        for c0 in range(qsl[b], qsl[b + 1], chunk_size):
+            c1 = min(c0 + chunk_size, qsl[b + 1])
+            qc, kc, vc = (x[c0:c1].transpose(0, 1) for x in (qf, kf, vn.float()))  # [Hv, n, *]
+            gc = g[c0:c1].float().t().cumsum(-1)
+            attn = (qc @ kc.transpose(1, 2)) * (gc[:, :, None] - gc[:, None, :]).exp().tril()
+            o = (qc * gc.exp()[:, :, None]) @ hb[c].float() + attn @ vc
+            out[c0:c1] = o.transpose(0, 1).to(vn.dtype)
+            c += 1
+    return out
+
+
 def recurrent_gated_delta_rule(q, k, v, g, beta, ssm_states, query_start_loc, state_slots,
                                has_initial_state, scale: float, use_qk_l2norm: bool = True,
                                intermediate_state_slots=None):

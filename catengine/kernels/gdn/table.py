@@ -50,6 +50,11 @@ class GDNTable:
     overlap_min_window: int = 16
     overlap_wy: bool = True     # with windows: WY beside the serial kernel (else all of it first)
     overlap_o: bool = True      # split, with windows: the output beside the serial kernel (else all last)
+    # split: the output stage on the tensor cores' m8n8k4 (chunk_o_sm70, Gluon) for fp16 on CUDA, instead of
+    # the tl.dot kernel (FMA on sm_70 from Triton 3.3 on)
+    o_hmma: bool = False
+    # split: the serial state stage likewise (chunk_h_sm70: w S and k^T v_new, the state in fp32 registers)
+    h_hmma: bool = False
 
 
 TABLE = {
@@ -62,9 +67,13 @@ TABLE = {
     # (2026-12-02, Triton 3.6), hit an illegal address in the first prefill, so the sm_70 path could not run
     # there at all; with this one the mid-size dense / MoE models agree with float32 transformers on 0.998 /
     # 1.0 of 512 teacher-forced tokens (tests/test_arch70_gpu.py). Its speed on a V100 is unknown either way.
+    # o_hmma / h_hmma (2026-12-03): the split form's output and state products on HMMA.884 (chunk_o_sm70.py,
+    # chunk_h_sm70.py); they act only when the split form runs, so with prefill="scan" they wait for their GPU
+    # tests (tests/kernels/gdn/test_chunk_sm70.py, -m gpu) before the row's form is switched.
     70: GDNTable(wy_warps=4, wy_dot="ieee", h_bv=32, h_warps=4, h_stages=1, o_bv=32, o_warps=4, o_stages=1,
                  scan_bv=64, scan_warps=8, scan_stages=2, rec_bv=32, rec_warps=4, prefill="scan",
-                 overlap_max_programs=4096, scan_overlap_max_programs=80),
+                 overlap_max_programs=4096, scan_overlap_max_programs=80, o_hmma=True,
+                 h_hmma=True),
     # sm_90, H200, 2026-12-01 (bench_gdn.py, whole op, ms at 1 x 8K / 1 x 64K / 8 x 4K ragged; sweep rows
     # checked against the table's output). This row with h 2 stages and o 8 warps: split 0.95 / 6.23 / 3.05,
     # scan 1.11 / 7.90 / 3.63,

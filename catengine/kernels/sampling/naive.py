@@ -48,17 +48,25 @@ def sample_tokens(logits, temperature, top_k, top_p, min_p, seeds, steps):
     max p). Among kept tokens the sample is argmax(p / -log(u)), an exact draw from the
     renormalised distribution. Returns [B] int64.
     """
-    greedy = temperature <= 0
-    t = torch.where(greedy, torch.ones_like(temperature), temperature)
-    probs = (logits.float() / t[:, None]).softmax(-1)
-    sorted_p, order = probs.sort(dim=-1, descending=True)
-    rank = torch.arange(probs.shape[-1], device=logits.device)[None, :]
-    keep_sorted = (top_k[:, None] <= 0) | (rank < top_k[:, None])
-    mass_before = sorted_p.cumsum(-1) - sorted_p
-    keep_sorted &= mass_before < top_p[:, None]
-    keep_sorted &= sorted_p >= min_p[:, None] * sorted_p[:, :1]
-    keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
-    u = sampling_uniforms(seeds, steps, probs.shape[-1])
+    # Only the rows that sample pay for a softmax, and only those with top-k or top-p for the sort:
+    # on CPU a batch of greedy rows with one sampled row used to sort the whole vocabulary of every
+    # row. Rows without top-k / top-p keep every token min-p keeps, as the kernel's do (it skips
+    # those filters when top_k <= 0 and top_p >= 1).
+    out = logits.argmax(-1)
+    rows = (temperature > 0).nonzero().flatten()
+    if rows.numel() == 0:
+        return out
+    probs = (logits[rows].float() / temperature[rows, None]).softmax(-1)
+    keep = probs >= min_p[rows, None] * probs.max(-1, keepdim=True).values
+    k, tp = top_k[rows], top_p[rows]
+    ordered = ((k > 0) | (tp < 1)).nonzero().flatten()
+    if ordered.numel():
+        sorted_p, order = probs[ordered].sort(dim=-1, descending=True)
+        rank = torch.arange(probs.shape[-1], device=logits.device)[None, :]
+        k_o, tp_o = k[ordered, None], tp[ordered, None]
+        keep_sorted = ((k_o <= 0) | (rank < k_o)) & (sorted_p.cumsum(-1) - sorted_p < tp_o)
+        keep[ordered] &= torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
+    u = sampling_uniforms(seeds[rows], steps[rows], probs.shape[-1])
     score = torch.where(keep, probs / -torch.log(u), torch.full_like(probs, -1.0))
-    sampled = score.argmax(-1)
-    return torch.where(greedy, logits.argmax(-1), sampled)
+    out[rows] = score.argmax(-1)
+    return out

@@ -1,0 +1,224 @@
+"""vLLM's flags beyond catengine's own settings: what each one does here.
+
+Users paste vLLM command lines after ``catengine serve``; every flag of those lines is accepted by the
+``serve`` parser (never argparse's bare usage) and gets one of three treatments:
+
+- **real**: catengine has the feature and the flag behaves as in vLLM (``--cuda-graph-sizes``,
+  ``--generation-config``, ``--response-role``, ``--ssl-certfile``, ...);
+- **logged and ignored**: the flag only tunes vLLM's internals (attention backend, swap space, partial
+  prefills, ...), so it changes nothing a client sees here; one warning line per flag at start;
+- **refused** with a ConfigError naming the flag and why, where catengine lacks the feature and ignoring it
+  would change what the user gets: expert parallelism (one GPU per process), a non-fp32 GDN state dtype.
+
+Speculative decoding (``--speculative-config``, ``--num-speculative-tokens``) is refused too, after its JSON
+is parsed and checked: MTP does not exist yet (issue 20). It would not change the tokens, only the speed,
+but serving a line that asks for it without drafting would make every benchmark of that line wrong with
+no sign of why; the error says to drop the flag. The parsed dict has the shape issue 20's
+``EngineConfig.speculative_config`` takes, so wiring it is one line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+
+log = logging.getLogger("catengine.server")
+
+# vLLM flags that tune vLLM internals: accepted (with or without a value) and logged as ignored.
+IGNORED_WITH_VALUE = ("--attention-backend", "--swap-space", "--distributed-executor-backend", "--load-format",
+                      "--download-dir", "--revision", "--tokenizer-mode", "--max-seq-len-to-capture",
+                      "--compilation-config", "--max-log-len", "--uvicorn-log-level", "--quantization",
+                      "--max-logprobs", "--cpu-offload-gb", "--scheduling-policy", "--tokenizer-pool-size",
+                      "--code-revision", "--limit-mm-per-prompt", "--mm-processor-kwargs", "--hf-overrides",
+                      "--config-format", "--root-path", "--num-scheduler-steps", "--long-prefill-token-threshold",
+                      "--max-num-partial-prefills", "--max-long-partial-prefills")
+IGNORED_FLAGS = ("--trust-remote-code", "--enable-log-requests", "--disable-custom-all-reduce",
+                 "--enable-chunked-prefill", "--no-enable-chunked-prefill", "--disable-frontend-multiprocessing",
+                 "--disable-fastapi-docs", "--enable-server-load-tracking", "--disable-uvicorn-access-log",
+                 "--async-scheduling", "--enable-force-include-usage")
+
+# vLLM's speculative methods; any of them asks for drafting, which catengine cannot do yet (issue 20)
+SPECULATIVE_METHODS = ("mtp", "qwen3_next_mtp", "qwen3_5_mtp", "deepseek_mtp", "ngram", "eagle", "eagle3",
+                       "medusa", "mlp_speculator", "draft_model", "suffix")
+MAX_SPECULATIVE_TOKENS = 8
+
+
+def _json_object(flag: str):
+    def parse(text: str) -> dict:
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = None
+        if not isinstance(value, dict):
+            raise argparse.ArgumentTypeError(f"{flag} takes a JSON object, e.g. '{{\"temperature\": 0.7}}'; "
+                                             f"got {text!r}")
+        return value
+    return parse
+
+
+def add_engine_compat_arguments(p: argparse.ArgumentParser) -> None:
+    """vLLM flags that act on the engine (serve and generate)."""
+    p.add_argument("--cuda-graph-sizes", type=int, nargs="+", default=None, metavar="N",
+                   help="decode CUDA graph batch sizes; one value N: 1, 2, 4, 8, 16, ... up to N")
+    p.add_argument("--max-cudagraph-capture-size", type=int, default=None, metavar="N",
+                   help="largest decode batch captured in a CUDA graph")
+    p.add_argument("--generation-config", default="auto",
+                   help="sampling defaults: 'auto' (the model's generation_config.json), 'vllm' (none) or a folder "
+                        "holding a generation_config.json")
+    p.add_argument("--override-generation-config", type=_json_object("--override-generation-config"), default=None,
+                   help='JSON merged over the generation config, e.g. \'{"temperature": 0.6}\'')
+    p.add_argument("--speculative-config", type=_json_object("--speculative-config"), default=None,
+                   help="not implemented yet (MTP, issue 20): refused with a message")
+    p.add_argument("--num-speculative-tokens", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--mamba-ssm-cache-dtype", "--mamba-cache-dtype", dest="mamba_ssm_cache_dtype", default="auto",
+                   help="GDN recurrent state dtype: auto or float32 (what catengine keeps)")
+    p.add_argument("--enable-expert-parallel", action="store_true", help="refused: needs several GPUs")
+    p.add_argument("--language-model-only", action="store_true",
+                   help="accepted: catengine serves only the language model")
+
+
+def add_ignored_arguments(p: argparse.ArgumentParser) -> None:
+    """The logged-and-ignored flags; called last, so a flag that gained a real meaning elsewhere in the parser
+    keeps it (argparse would refuse the second definition)."""
+    taken, ours = set(p._option_string_actions), []
+    for flag in IGNORED_WITH_VALUE + IGNORED_FLAGS:
+        if flag in taken:
+            continue
+        if flag in IGNORED_FLAGS:
+            p.add_argument(flag, action="store_true", default=None, help=argparse.SUPPRESS)
+        else:
+            p.add_argument(flag, default=None, help=argparse.SUPPRESS)
+        ours.append(flag)
+    p.set_defaults(ignored_flags=tuple(ours))
+
+
+def add_server_compat_arguments(p: argparse.ArgumentParser) -> None:
+    """vLLM flags that act on the OpenAI server (serve only)."""
+    p.add_argument("--default-chat-template-kwargs", type=_json_object("--default-chat-template-kwargs"),
+                   default=None, help='chat_template_kwargs for requests that do not set them, e.g. '
+                                      '\'{"enable_thinking": false}\'')
+    p.add_argument("--enable-reasoning", action="store_true",
+                   help="split thinking into reasoning_content (the qwen3 parser unless --reasoning-parser)")
+    p.add_argument("--response-role", default="assistant", help="role of the generated message (default assistant)")
+    p.add_argument("--enable-prompt-tokens-details", action="store_true",
+                   help="usage.prompt_tokens_details.cached_tokens: prompt tokens served from the prefix cache")
+    p.add_argument("--return-tokens-as-token-ids", action="store_true",
+                   help="logprobs name tokens 'token_id:N' instead of their text")
+    p.add_argument("--ssl-keyfile", default=None, help="TLS private key file (serve https)")
+    p.add_argument("--ssl-certfile", default=None, help="TLS certificate file (serve https)")
+    p.add_argument("--ssl-ca-certs", default=None, help="CA certificates to verify clients with")
+    p.add_argument("--disable-log-requests", action="store_true", help="no INFO line per finished request")
+    p.add_argument("--disable-log-stats", action="store_true", help="no periodic throughput line")
+
+
+def engine_compat_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """EngineConfig fields from these flags; ConfigError for the flags catengine refuses."""
+    if getattr(args, "enable_expert_parallel", False):
+        raise ConfigError("--enable-expert-parallel spreads MoE experts over several GPUs; catengine runs one GPU "
+                          "per process (no tensor/expert parallelism yet): drop the flag")
+    dtype = str(getattr(args, "mamba_ssm_cache_dtype", "auto")).lower()
+    if dtype not in ("auto", "float32", "fp32"):
+        raise ConfigError(f"--mamba-ssm-cache-dtype {dtype}: catengine keeps the Gated DeltaNet recurrent state in "
+                          f"float32 (a lower-precision state is not implemented yet); use auto or float32")
+    speculative_config(args)
+    return {"cuda_graph_sizes": cuda_graph_sizes(args)}
+
+
+def cuda_graph_sizes(args: argparse.Namespace) -> tuple[int, ...] | None:
+    """vLLM's semantics: several ``--cuda-graph-sizes`` are the sizes; one value N (or
+    ``--max-cudagraph-capture-size N``) is 1, 2, 4, then every multiple of 8 up to N."""
+    from ..cuda_graphs import graph_batch_sizes
+    sizes, top = getattr(args, "cuda_graph_sizes", None), getattr(args, "max_cudagraph_capture_size", None)
+    for flag, values in (("--cuda-graph-sizes", sizes or []),
+                         ("--max-cudagraph-capture-size", [] if top is None else [top])):
+        if any(v < 1 for v in values):
+            raise ConfigError(f"{flag} takes positive batch sizes, got {values}")
+    if sizes is not None and len(sizes) > 1:
+        chosen = sorted(set(sizes))
+        if top is not None:
+            chosen = [s for s in chosen if s <= top]
+        if not chosen:
+            raise ConfigError(f"--cuda-graph-sizes {sizes} has no size <= --max-cudagraph-capture-size {top}")
+        return tuple(chosen)
+    if sizes is not None or top is not None:
+        n = min([v for v in (sizes[0] if sizes else None, top) if v is not None])
+        return tuple(graph_batch_sizes(n, limit=n))
+    return None
+
+
+def speculative_config(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The speculative config in vLLM's shape (None: no speculation); ConfigError when malformed, and
+    when speculation is asked for (not implemented yet: see the module docstring)."""
+    spec = dict(getattr(args, "speculative_config", None) or {})
+    k = getattr(args, "num_speculative_tokens", None)
+    if k is not None:
+        if spec.get("num_speculative_tokens") not in (None, k):
+            raise ConfigError(f"--num-speculative-tokens {k} disagrees with --speculative-config's "
+                              f"num_speculative_tokens {spec['num_speculative_tokens']}; give one")
+        spec["num_speculative_tokens"] = k
+    if not spec:
+        return None
+    method, k = spec.get("method"), spec.get("num_speculative_tokens")
+    if method is not None and method not in SPECULATIVE_METHODS:
+        raise ConfigError(f"--speculative-config method {method!r} is not a vLLM speculative method; Qwen3.5/3.6 "
+                          f"use \"mtp\"")
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_SPECULATIVE_TOKENS):
+        raise ConfigError(f"--speculative-config num_speculative_tokens must be an integer in "
+                          f"[1, {MAX_SPECULATIVE_TOKENS}], got {k!r}")
+    if k == 0:
+        return None
+    raise ConfigError(f"--speculative-config {json.dumps(spec)}: speculative decoding (the checkpoint's MTP head) is "
+                      f"not implemented in catengine yet (issue 20); drop --speculative-config / "
+                      f"--num-speculative-tokens: the output is the same without drafting, only slower")
+
+
+def generation_defaults(args: argparse.Namespace, model_defaults: dict[str, Any]) -> dict[str, Any]:
+    """The sampling defaults of requests (vLLM's --generation-config / --override-generation-config):
+    'auto' = the model's generation_config.json (``model_defaults``), 'vllm' = none, else a folder's
+    generation_config.json; the override is merged on top (alone with 'vllm')."""
+    source = getattr(args, "generation_config", "auto") or "auto"
+    if source == "auto":
+        base = dict(model_defaults)
+    elif source == "vllm":
+        base = {}
+    else:
+        path = Path(source).expanduser() / "generation_config.json"
+        try:
+            base = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"--generation-config {source}: cannot read {path} ({type(e).__name__}: {e}); give "
+                              f"'auto', 'vllm' or a folder holding a generation_config.json") from None
+        if not isinstance(base, dict):
+            raise ConfigError(f"--generation-config {source}: {path} is not a JSON object")
+    return {**base, **(getattr(args, "override_generation_config", None) or {})}
+
+
+def check_ssl(args: argparse.Namespace) -> dict[str, Any]:
+    """uvicorn's TLS keywords; ConfigError for a missing file (found before the model loads)."""
+    if args.ssl_keyfile and not args.ssl_certfile:
+        raise ConfigError("--ssl-keyfile needs --ssl-certfile (the certificate of that key)")
+    out = {}
+    for flag, key in (("--ssl-certfile", "ssl_certfile"), ("--ssl-keyfile", "ssl_keyfile"),
+                      ("--ssl-ca-certs", "ssl_ca_certs")):
+        value = getattr(args, key)
+        if value:
+            if not os.path.isfile(value):
+                raise ConfigError(f"{flag} {value}: no such file")
+            out[key] = value
+    return out
+
+
+def log_accepted(args: argparse.Namespace) -> None:
+    """One line per flag that is accepted without effect."""
+    for flag in getattr(args, "ignored_flags", ()):
+        value = getattr(args, flag[2:].replace("-", "_"), None)
+        if value is not None:
+            log.warning("%s %s is a vLLM-internal setting; catengine accepts and ignores it", flag,
+                        "" if value is True else value)
+    if getattr(args, "language_model_only", False):
+        log.info("--language-model-only: catengine serves only the language model (always)")
