@@ -58,8 +58,8 @@ class Engine:
 
         device = resolve_device(config.device)
         if config.model is None:
-            from .tools.demo import demo_model_path
-            path = Path(demo_model_path())
+            from .tools.demo import serving_model_path
+            path = Path(serving_model_path())
         else:
             path = Path(config.model).expanduser()
         self.model_path = path

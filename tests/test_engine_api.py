@@ -23,7 +23,8 @@ def demo():
 
 
 def test_demo_model_by_default_with_text_and_chat(demo):
-    assert demo.model_path.name.startswith("qwen3_5-demo")
+    from catengine.tools.demo import serving_model_path
+    assert demo.model_path == serving_model_path()   # the trained demo model (catengine/demo_model)
     greedy = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
     out = demo.generate("Hello, my name is", greedy)[0]
     assert out.prompt == "Hello, my name is" and out.prompt_token_ids == demo.tokenizer.encode("Hello, my name is")

@@ -16,7 +16,8 @@ prefix caching off, the median of ``--reps`` runs after one warm-up of the same 
   KV at the context, GDN states read + written) / measured copy bandwidth, and decode as a fraction of it;
 - ``kv_fp8``: incremental decode TPS at 32K with fp16 vs fp8_e5m2 KV;
 - ``cuda_graphs``: short-context batch-1 incremental decode TPS with decode CUDA graphs vs ``enforce_eager``;
-- ``transformers`` / ``correctness`` (``--transformers`` / ``--correctness``): :mod:`catengine.tools.correctness`.
+- ``transformers`` / ``correctness`` (``--transformers`` / ``--correctness``): :mod:`catengine.tools.correctness`;
+- ``quality``: held-out perplexity of the trained demo model per numeric path, :mod:`catengine.tools.bench_quality`.
 The vLLM 0.25 figures of issue 8 (same kind of checkpoints, same H200) are printed beside ours. The flags are parsed
 in :mod:`catengine.cli.bench`; the presets and checkpoints shared with the correctness sections are in
 :mod:`catengine.tools.bench_common`.
@@ -40,7 +41,7 @@ from .bench_common import (PEERS, checkpoint, incremental_tps, print_table, rand
                            sync_device)
 
 ENGINE_SECTIONS = ("decode", "prefill", "concurrent", "roofline", "kv_fp8", "cuda_graphs")
-SECTIONS = ENGINE_SECTIONS + ("transformers", "correctness")
+SECTIONS = ENGINE_SECTIONS + ("transformers", "correctness", "quality")
 
 
 @dataclass(frozen=True)
@@ -301,6 +302,9 @@ def run_bench(args) -> int:
     if "correctness" in sections:
         from .correctness import correctness_report
         report["correctness"] = correctness_report(workdir, args, sizes)
+    if "quality" in sections:
+        from .bench_quality import quality_report
+        report["quality"] = quality_report(args, max_tokens=256 if args.quick else 4096)
     _write(out, report)
     print(f"wrote {out}")
     return 0

@@ -7,7 +7,14 @@ ChatML template with thinking and tool calls (:mod:`catengine.chat_template`) an
 (about 32 MB in bf16). Its answers are noise; everything around them (tokenization, templates,
 parsers, scheduling, caches) is exercised exactly as with a published checkpoint.
 
-Public API: :func:`demo_model_path`. ``python -m catengine.tools.demo`` builds the directory and prints its path.
+What ``Engine(model=None)`` / ``catengine serve`` without ``--model`` serve is :func:`serving_model_path`: the
+trained demo model shipped in the repository (``catengine/demo_model``: a small Qwen3.5-architecture model with an
+MTP head, trained by :mod:`catengine.tools.train_demo` on Python's sources and quantized to AWQ 4-bit by
+``catengine quantize``), or, if that directory is absent, this random-weight one. The random-weight model with the
+real vocabulary stays the fixture of the tokenizer tests and the tokenizer source of the tiny test checkpoints.
+
+Public API: :func:`demo_model_path`, :func:`serving_model_path`. ``python -m catengine.tools.demo`` builds the
+random-weight directory and prints its path.
 """
 from __future__ import annotations
 
@@ -104,6 +111,26 @@ TOKENIZER_CONFIG = {
     "model_max_length": 262144,
     "chat_template": CHAT_TEMPLATE,
 }
+
+
+TRAINED_DIR = Path(__file__).resolve().parent.parent / "demo_model"
+TRAINED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+
+
+def trained_model_path() -> Path | None:
+    """The shipped trained demo model, or None when this checkout / installation has no complete copy of it."""
+    if all((TRAINED_DIR / f).is_file() for f in TRAINED_FILES):
+        return TRAINED_DIR
+    return None
+
+
+def serving_model_path() -> Path:
+    """The model served when none is given: the trained demo model, else the random-weight one."""
+    trained = trained_model_path()
+    if trained is not None:
+        return trained
+    log.warning("the trained demo model (%s) is missing; serving the random-weight demo model", TRAINED_DIR)
+    return demo_model_path()
 
 
 def cache_root() -> Path:

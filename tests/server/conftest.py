@@ -31,7 +31,11 @@ def sse_events(lines) -> list:
 @pytest.fixture(scope="session")
 def async_engine():
     from catengine.async_engine import AsyncEngine
-    engine = AsyncEngine(max_model_len=MAX_MODEL_LEN, max_num_seqs=64, kv_cache_memory_bytes=64 << 20)
+    from catengine.tools.demo import demo_model_path
+    # the random-weight demo model with the real Qwen3.5 vocabulary (ids up to 248K in the fuzz tests), not the
+    # trained one model=None serves (8K vocabulary, and its 4-bit weights decode slowly on CPU)
+    engine = AsyncEngine(model=str(demo_model_path()), max_model_len=MAX_MODEL_LEN, max_num_seqs=64,
+                         kv_cache_memory_bytes=64 << 20)
     yield engine
     engine.shutdown()
 

@@ -214,7 +214,9 @@ def async_engine_factory():
 
     def make():
         from catengine.async_engine import AsyncEngine
-        engine = AsyncEngine(max_model_len=256, max_num_seqs=4, kv_cache_memory_bytes=16 << 20)
+        from catengine.tools.demo import demo_model_path
+        engine = AsyncEngine(model=str(demo_model_path()), max_model_len=256, max_num_seqs=4,
+                             kv_cache_memory_bytes=16 << 20)
         made.append(engine)
         return engine
     yield make

@@ -109,6 +109,9 @@ def test_cpu_quick_run_of_every_section(tmp_path, capsys):
     assert r["transformers"]["dtype"] == "float32"  # fp16 only on CUDA
     assert set(r["kv_fp8"]) == {"ctx", "fp16_tps", "fp8_e5m2_tps", "ratio"}
     assert r["transformers"]["transformers_fp16_tps"] is None or r["transformers"]["transformers_fp16_tps"] > 0
+    q = report["quality"]["paths"]   # the trained demo model's held-out perplexity, CPU paths only
+    assert set(q) == {"dense float32", "AWQ float32", "AWQ fp8 KV"} and all(p["ppl"] > 1 for p in q.values())
+    assert q["dense float32"]["loss_minus_dense_fp32"] == 0.0
     for kind in ("dense", "moe"):
         c = report["correctness"][kind]
         assert c["tokens"] == 12 and set(c) == {"tokens", "catengine_fp16", "transformers_fp16", "pass"}

@@ -353,3 +353,14 @@ def test_catengine_model_config_reads_it(demo_dir):
     assert mc.full_attention_layers == [3] and mc.tie_word_embeddings
     assert (mc.linear_num_key_heads, mc.linear_num_value_heads, mc.linear_key_head_dim) == (2, 4, 16)
     assert mc.rope_theta == 1e7 and mc.max_position_embeddings == 262144
+
+
+def test_serving_path_is_the_trained_model_else_the_random_one(demo_dir, monkeypatch, tmp_path):
+    monkeypatch.setenv("CATENGINE_CACHE", str(demo_dir.parent))
+    trained = tmp_path / "trained"
+    trained.mkdir()
+    monkeypatch.setattr(demo, "TRAINED_DIR", trained)
+    assert demo.trained_model_path() is None and demo.serving_model_path() == demo_dir   # incomplete: fallback
+    for f in demo.TRAINED_FILES:
+        (trained / f).write_text("x")
+    assert demo.serving_model_path() == trained
