@@ -21,6 +21,7 @@ AOT_MODULES = (
     "catengine.kernels.gdn.recurrent",
     "catengine.kernels.common.gemm884",
     "catengine.kernels.w4a16.gemm_sm70",
+    "catengine.kernels.moe.fused_sm70",
 )
 
 
