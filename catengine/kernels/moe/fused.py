@@ -45,7 +45,8 @@ class MoeTable:
     decode: tuple | None = None     # W4A16 rows <= row_max: (up, down) GemvConfig of moe.decode
     decode_pdl: int = 0             # programmatic dependent launch (sm_90 on): 1 the down kernel, 2 both
     # sm_70: the sorted path of fp16 W4A16 experts on HMMA.884 (fused_sm70.py, its own tiles SM70_MOE_TABLE)
-    # instead of tl.dot, which Triton >= 3.3 lowers to FMA there; gemm then serves dense and bf16 experts only
+    # instead of tl.dot, which Triton >= 3.3 lowers to FMA there; gemm then serves dense fp16 experts and groups
+    # the HMMA kernel does not tile (16)
     hmma: bool = False
 
 
