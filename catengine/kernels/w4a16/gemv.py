@@ -1,6 +1,6 @@
 """The W4A16 GEMV kernel (decode rows), launched by :func:`catengine.kernels.w4a16.gemm.fused_w4a16_linear`,
-and the fp32 weight math (``fma_tile``, ``gemv_tile_load``) that :mod:`catengine.kernels.moe.fused`'s
-row kernels share.
+and the fp32 weight math (``fma_tile``, ``gemv_tile_load``) that the row kernels of
+:mod:`catengine.kernels.moe.rows` share.
 
 The dense GEMV reads a tile of R packed rows x BN columns as [BN, R // SR, SR]: blocks of SR rows
 that lie in one quantisation group and that one thread holds (``gemm.gemv_thread_rows``), so that
