@@ -2,9 +2,9 @@
 table, how to build its inputs on CUDA, its flops, and per kernel name the trip counts of its loops and (where
 the tensors handed over are not the bytes read) its DRAM bytes.
 
-A new sm_70 kernel plugs in without an edit here when its launcher follows gemm.py's pattern (the sm_70 row of
-``TABLES`` carries ``hmma_min_m``): the HMMA pass records whatever the sm_70 row launches (a Gluon kernel: the
-HMMA.884 path), and the FMA pass sets every ``hmma_min_m`` of ``HMMA_TABLES`` to None (tl.dot, FMA on sm_70).
+A new sm_70 kernel plugs in when its launcher's choice is a table field (``hmma_min_m`` / ``hmma`` on the sm_70 row
+of ``TABLES``, HMMA_TABLES) or a predicate (HMMA_SWITCHES): the HMMA pass records whatever the sm_70 row launches
+(a Gluon kernel: the HMMA.884 path), and the FMA pass turns those off (tl.dot, FMA on sm_70).
 A new kernel with loops needs its line in TRIPS (its loops count once per program otherwise, and the tables say
 so).
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
-import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -23,15 +22,19 @@ GROUP = 128
 # where the builders put their inputs: "cuda" for the projection; "cpu" lets a CPU dry run record the launches
 # (bench/v100_projection.py --dry-cpu: nothing runs, the launchers only choose)
 DEVICE = "cuda"
-# modules whose TABLES["sm70"] may carry hmma_min_m (the FMA pass sets it to None)
+# modules whose TABLES["sm70"] may carry hmma_min_m (set to None) or hmma (set to False) for the FMA pass
 HMMA_TABLES = ("catengine.kernels.w4a16.gemm", "catengine.kernels.moe.fused", "catengine.kernels.attention.paged",
                "catengine.kernels.gdn.table")
+# predicates a launcher asks before it takes its sm_70 kernel (patched to False for the FMA pass); names that a
+# module does not have are skipped, so a family's switch can be listed before its kernel lands
+HMMA_SWITCHES = (("catengine.kernels.w4a16.gemm", "hmma_applies"), ("catengine.kernels.moe.fused", "hmma_moe_applies"),
+                 ("catengine.kernels.attention.paged", "sm70_applies"), ("catengine.kernels.gdn.chunk", "sm70_applies"))
 
 
 @contextlib.contextmanager
 def fma_path():
     """The sm_70 row without its HMMA.884 kernels: tl.dot everywhere, which Triton >= 3.3 lowers to FMA."""
-    saved = []
+    undo = []
     for name in HMMA_TABLES:
         try:
             mod = importlib.import_module(name)
@@ -39,14 +42,24 @@ def fma_path():
             continue
         tables = getattr(mod, "TABLES", None)
         row = tables.get("sm70") if isinstance(tables, dict) else None
-        if row is not None and getattr(row, "hmma_min_m", None) is not None:
-            saved.append((tables, row))
-            tables["sm70"] = dataclasses.replace(row, hmma_min_m=None)
+        for field, off in (("hmma_min_m", None), ("hmma", False)):
+            if row is not None and getattr(row, field, None) not in (None, False):
+                undo.append((tables.__setitem__, "sm70", row))
+                row = dataclasses.replace(row, **{field: off})
+                tables["sm70"] = row
+    for name, attr in HMMA_SWITCHES:
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:
+            continue
+        if callable(getattr(mod, attr, None)):
+            undo.append((lambda a, v, m=mod: setattr(m, a, v), attr, getattr(mod, attr)))
+            setattr(mod, attr, lambda *a, **k: False)
     try:
         yield
     finally:
-        for tables, row in saved:
-            tables["sm70"] = row
+        for fn, key, value in reversed(undo):
+            fn(key, value)
 
 
 @dataclass(frozen=True)
@@ -221,11 +234,16 @@ TRIPS: dict[str, Callable[[dict, dict], tuple]] = {
     "w4a16_gemm_sm70_kernel": lambda a, s: (_cdiv(a["K"] // a["BK"], a["SPLIT_K"]),),
     "w4a16_gemv_kernel": lambda a, s: (_cdiv(a["K"] // (8 * a["R"]), a["n_split"]),),
     "_moe_gemm_kernel": lambda a, s: (a["K"] / a["BK"],),
+    "moe_gemm_kernel": lambda a, s: (a["K"] / a["BK"],),
+    "moe_gemm_sm70_kernel": lambda a, s: (a["K"] / a["BK"],),
     "_moe_up_row_kernel": lambda a, s: (a["H"] / a["BK"],),
+    "moe_up_row_kernel": lambda a, s: (a["H"] / a["BK"],),
     "_moe_down_row_kernel": lambda a, s: (_cdiv(a["TOPK"] * a["I"] // a["BK"], a["SPLIT_K"]),),
+    "moe_down_row_kernel": lambda a, s: (_cdiv(a["TOPK"] * a["I"] // a["BK"], a["SPLIT_K"]),),
     "moe_up_decode_kernel": lambda a, s: (_cdiv(a["H"] // (8 * a["R"]), a["n_split"]),),
     "moe_down_decode_kernel": lambda a, s: (_cdiv(a["TOPK"] * (a["I"] // (8 * a["R"])), a["n_split"]),),
     "paged_attn_kernel": lambda a, s: _attn_trips(a, s),
+    "paged_attn_sm70_kernel": lambda a, s: _attn_trips(a, s),
     "split_reduce_kernel": lambda a, s: (_cdiv(a["NUM_SPLITS"], a["BLOCK_S"]),),
     "gdn_chunk_h_kernel": lambda a, s: ((a["c_hi"] - a["c_lo"]) / s["B"],),
     "gdn_chunk_scan_kernel": lambda a, s: ((a["c_hi"] - a["c_lo"]) / s["B"],),
@@ -234,7 +252,7 @@ TRIPS: dict[str, Callable[[dict, dict], tuple]] = {
     "gdn_recurrent_kernel": lambda a, s: (s["L"],),
 }
 # kernels without loops (or with unrolled ones only): their SASS counts once per program as it is
-NO_LOOPS = ("splitk_reduce_kernel", "_combine_kernel", "_route_kernel", "gdn_chunk_o_kernel", "gdn_gating_kernel",
+NO_LOOPS = ("splitk_reduce_kernel", "_combine_kernel", "combine_kernel", "_route_kernel", "gdn_chunk_o_kernel", "gdn_gating_kernel",
             "gdn_chunk_offsets_kernel", "store_kv_kernel")
 
 
@@ -242,13 +260,14 @@ def _moe_bytes(launch, s: dict) -> float:
     """The expert stacks are handed over whole; a step reads only the experts its tokens chose."""
     frac = min(1.0, s.get("touched", s["E"]) / s["E"])
     total = launch.tensor_bytes()
-    stacks = sum(launch.args[n].nbytes for n in ("w_ptr", "s_ptr", "z_ptr") if n in launch.args
+    stacks = sum(launch.args[n].nbytes for n in ("w_ptr", "qw_ptr", "s_ptr", "z_ptr") if n in launch.args
                  and hasattr(launch.args[n], "nbytes"))
     return total - stacks * (1 - frac)
 
 
-DRAM: dict[str, Callable] = {k: _moe_bytes for k in ("_moe_gemm_kernel", "_moe_up_row_kernel", "_moe_down_row_kernel",
-                                                    "moe_up_decode_kernel", "moe_down_decode_kernel")}
+DRAM: dict[str, Callable] = {k: _moe_bytes for k in (
+    "_moe_gemm_kernel", "moe_gemm_kernel", "moe_gemm_sm70_kernel", "_moe_up_row_kernel", "moe_up_row_kernel",
+    "_moe_down_row_kernel", "moe_down_row_kernel", "moe_up_decode_kernel", "moe_down_decode_kernel")}
 
 
 def trips_of(launch, shape: dict) -> tuple[tuple, bool]:
@@ -264,5 +283,5 @@ def dram_bytes(launch, shape: dict) -> float:
     return float(fn(launch, shape) if fn else launch.tensor_bytes())
 
 
-__all__ = ["DRAM", "HMMA_TABLES", "KERNEL_SHAPES", "NO_LOOPS", "OPS", "Op", "TRIPS", "dram_bytes", "fma_path",
-           "math", "model_step", "trips_of"]
+__all__ = ["DRAM", "HMMA_SWITCHES", "HMMA_TABLES", "KERNEL_SHAPES", "NO_LOOPS", "OPS", "Op", "TRIPS", "dram_bytes", "fma_path",
+           "model_step", "trips_of"]
