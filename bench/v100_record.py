@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -69,11 +70,11 @@ class Launch:
                 sig[name] = "*" + _DTYPES[v.dtype]
             elif isinstance(v, bool):
                 sig[name] = "i1"
-            elif isinstance(v, int):
+            elif isinstance(v, numbers.Integral):
                 sig[name] = "i32" if -2**31 <= v < 2**31 else "i64"
                 if v % 16 == 0 and name not in self.nospec:
                     div16.append(name)
-            elif isinstance(v, float):
+            elif isinstance(v, numbers.Real):
                 sig[name] = "fp32"
             else:
                 raise TypeError(f"{self.kernel}: argument {name} of type {type(v).__name__} has no signature type")
