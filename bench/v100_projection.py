@@ -251,7 +251,7 @@ def main():
         lines += ["", "## Model steps (one V100; linears, MoE, attention, GDN; norms, RoPE, routing, sampling and the "
                   "lm_head left out)", "",
                   "| model | step | FMA path ms | HMMA path ms | HMMA tok/s | H200 measured ms | H200 model ms | calib | "
-                  "ops without HMMA.884 | not modelled |", "|---|---|---|---|---|---|---|---|---|---|"]
+                  "ops with no HMMA.884 launch (CUDA cores) | not modelled |", "|---|---|---|---|---|---|---|---|---|---|"]
         for short, name, tokens, _, rows in steps:
             tot = dict.fromkeys(("fma", "hmma", "h200", "ms"), 0.0)
             missing, bad, complete = set(), [], True
