@@ -28,7 +28,8 @@ HMMA_TABLES = ("catengine.kernels.w4a16.gemm", "catengine.kernels.moe.fused", "c
 # predicates a launcher asks before it takes its sm_70 kernel (patched to False for the FMA pass); names that a
 # module does not have are skipped, so a family's switch can be listed before its kernel lands
 HMMA_SWITCHES = (("catengine.kernels.w4a16.gemm", "hmma_applies"), ("catengine.kernels.moe.fused", "hmma_moe_applies"),
-                 ("catengine.kernels.attention.paged", "sm70_applies"), ("catengine.kernels.gdn.chunk", "sm70_applies"))
+                 ("catengine.kernels.attention.paged", "sm70_applies"), ("catengine.kernels.gdn.chunk", "h_hmma_applies"),
+                 ("catengine.kernels.gdn.chunk", "o_hmma_applies"))
 
 
 @contextlib.contextmanager
@@ -40,13 +41,14 @@ def fma_path():
             mod = importlib.import_module(name)
         except ImportError:
             continue
-        tables = getattr(mod, "TABLES", None)
-        row = tables.get("sm70") if isinstance(tables, dict) else None
-        for field, off in (("hmma_min_m", None), ("hmma", False)):
-            if row is not None and getattr(row, field, None) not in (None, False):
-                undo.append((tables.__setitem__, "sm70", row))
-                row = dataclasses.replace(row, **{field: off})
-                tables["sm70"] = row
+        # TABLES["sm70"] (w4a16, moe, attention) or TABLE[70] (gdn)
+        for tables, key in ((getattr(mod, "TABLES", None), "sm70"), (getattr(mod, "TABLE", None), 70)):
+            row = tables.get(key) if isinstance(tables, dict) else None
+            for field, off in (("hmma_min_m", None), ("hmma", False), ("h_hmma", False), ("o_hmma", False)):
+                if row is not None and getattr(row, field, None) not in (None, False):
+                    undo.append((tables.__setitem__, key, row))
+                    row = dataclasses.replace(row, **{field: off})
+                    tables[key] = row
     for name, attr in HMMA_SWITCHES:
         try:
             mod = importlib.import_module(name)
@@ -246,6 +248,9 @@ TRIPS: dict[str, Callable[[dict, dict], tuple]] = {
     "paged_attn_sm70_kernel": lambda a, s: _attn_trips(a, s),
     "split_reduce_kernel": lambda a, s: (_cdiv(a["NUM_SPLITS"], a["BLOCK_S"]),),
     "gdn_chunk_h_kernel": lambda a, s: ((a["c_hi"] - a["c_lo"]) / s["B"],),
+    "gdn_chunk_h_sm70_kernel": lambda a, s: ((a["c_hi"] - a["c_lo"]) / s["B"],),
+    # one loop over dk in KS = min(BK, 32) steps
+    "gdn_chunk_o_sm70_kernel": lambda a, s: (a["BK"] / min(a["BK"], 32),),
     "gdn_chunk_scan_kernel": lambda a, s: ((a["c_hi"] - a["c_lo"]) / s["B"],),
     "gdn_chunk_wy_kernel": lambda a, s: (14,),
     "gdn_chunk_inv_kernel": lambda a, s: (14,),

@@ -133,7 +133,25 @@ def arch_row(arch: int | None):
     from catengine.kernels.common import arch as arch_mod
     saved = arch_mod.ARCH_OVERRIDE
     arch_mod.ARCH_OVERRIDE = "" if arch is None else str(arch)
+    _clear_row_caches()
     try:
         yield
     finally:
         arch_mod.ARCH_OVERRIDE = saved
+        _clear_row_caches()
+
+
+# launchers that cache their row per device (the switch is read once in a normal run, so that is right there):
+# a row change at run time must drop what they cached
+ROW_CACHES = (("catengine.kernels.gdn.table", "device_table"), ("catengine.kernels.gdn.conv1d", "device_table"))
+
+
+def _clear_row_caches():
+    import importlib
+    for name, attr in ROW_CACHES:
+        try:
+            fn = getattr(importlib.import_module(name), attr, None)
+        except ImportError:
+            continue
+        if hasattr(fn, "cache_clear"):
+            fn.cache_clear()
