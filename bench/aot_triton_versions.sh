@@ -44,5 +44,6 @@ for v in $VERSIONS; do
     [ "$rc" = 0 ] || status=1
     rm -rf "$env_dir"
 done
+echo   # Triton's nanobind leak report may end without a newline
 printf '%s\n' "${summary[@]}"
 exit $status
