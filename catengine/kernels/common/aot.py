@@ -39,7 +39,8 @@ class AotConfig:
     divisible_by_16: tuple[str, ...] = ()
 
 
-def compile_config(module, cfg: AotConfig, cc: int) -> dict:
+def build(module, cfg: AotConfig, cc: int):
+    """The CompiledKernel of one configuration for sm_``cc`` (``asm`` holds its ptx and cubin)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -52,8 +53,13 @@ def compile_config(module, cfg: AotConfig, cc: int) -> dict:
     hinted = [n for n, t in cfg.signature.items() if t.startswith("*") or n in cfg.divisible_by_16]
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in hinted}
     src = ASTSource(fn=fn, signature=cfg.signature, constexprs=cfg.constexprs, attrs=attrs)
-    k = triton.compile(src, target=GPUTarget("cuda", cc, 32),
-                       options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+    return triton.compile(src, target=GPUTarget("cuda", cc, 32),
+                          options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+
+
+def compile_config(module, cfg: AotConfig, cc: int) -> dict:
+    k = build(module, cfg, cc)
+    gluon = _is_gluon(getattr(module, cfg.kernel))
     ptx = k.asm["ptx"]
     has_mma884 = "mma.sync.aligned.m8n8k4" in ptx
     return {"kernel": cfg.kernel, "name": cfg.name, "cc": cc, "gluon": gluon, "shared": k.metadata.shared,
@@ -66,20 +72,27 @@ def compile_config(module, cfg: AotConfig, cc: int) -> dict:
 def sass_has_hmma884(cubin: bytes) -> bool | None:
     """Whether the sm_70 SASS holds HMMA.884; None when no disassembler here takes sm_70 cubins (Triton 3.9's
     cuobjdump refuses them; Triton 3.6's accepts them: point ``CATENGINE_SM70_CUOBJDUMP`` at one)."""
+    sass = disassemble(cubin, 70)
+    return None if sass is None else "HMMA.884" in sass
+
+
+def disassemble(cubin: bytes, cc: int) -> str | None:
+    """``cuobjdump -sass`` text of a cubin for sm_``cc``; None when the disassembler here refuses that
+    architecture. ``CATENGINE_SM70_CUOBJDUMP`` names the tool for sm_70 (default: Triton's own)."""
     import tempfile
 
     import triton
-    tool = os.environ.get("CATENGINE_SM70_CUOBJDUMP") or os.path.join(
-        os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    own = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    tool = (os.environ.get("CATENGINE_SM70_CUOBJDUMP") or own) if cc < 80 else own
     if not os.path.exists(tool):
         return None
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
         out = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, timeout=120)
-    if out.returncode or "deprecated" in out.stderr or "code for sm_70" not in out.stdout:
+    if out.returncode or "deprecated" in out.stderr or f"code for sm_{cc}" not in out.stdout:
         return None
-    return "HMMA.884" in out.stdout
+    return out.stdout
 
 
 def _is_gluon(fn) -> bool:

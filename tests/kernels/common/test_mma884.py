@@ -110,15 +110,61 @@ def test_gpu_gemm884_default_table_real_shape():
 
 
 # ----------------------------------------------------------------------------- fragment maps, emulated
-def _lane_coords(BM, BN, WM, WN):
-    """Triton's own linear layout of ``frag_layout``: coordinate [mb, nb, h, l, i] of every (warp, lane, register)."""
+def _triton_bases(layout, shape):
+    """(reg, lane, warp) bases of Triton's own linear layout of a Gluon layout; None on Triton < 3.6, whose
+    GluonOpBuilder has no ``to_linear_layout``."""
     from triton._C.libtriton import gluon_ir, ir
-
-    from catengine.kernels.common.mma884 import frag_layout
     ctx = ir.context()
     ir.load_dialects(ctx)
     builder = gluon_ir.GluonOpBuilder(ctx)
-    ll = builder.to_linear_layout(frag_layout(WM, WN)._to_ir(builder), [BM // 8, BN // 8, 2, 4, 8])
+    if not hasattr(builder, "to_linear_layout"):
+        return None
+    ll = builder.to_linear_layout(layout._to_ir(builder), shape)
+    return [list(map(list, b)) for b in (ll.reg_bases, ll.lane_bases, ll.warp_bases)]
+
+
+def _blocked_bases(layout, shape):
+    """The same bases from the BlockedLayout's definition: along ``order`` (fastest dim first) the registers of
+    size_per_thread, then the lanes, then the warps; a shape beyond the CTA tile repeats it in more registers, a
+    shape below it broadcasts (those bases are 0)."""
+    spt, tpw, wpc, order = layout.size_per_thread, layout.threads_per_warp, layout.warps_per_cta, layout.order
+
+    def bases(counts, stride):
+        out = []
+        for d in order:
+            n = 1
+            while n < counts[d]:
+                off = stride[d] * n
+                out.append([off if e == d and off < shape[d] else 0 for e in range(len(shape))])
+                n *= 2
+        return out
+    one = [1] * len(shape)
+    lane_stride = list(spt)
+    warp_stride = [spt[d] * tpw[d] for d in range(len(shape))]
+    tile = [warp_stride[d] * wpc[d] for d in range(len(shape))]
+    repeat = [max(1, shape[d] // tile[d]) for d in range(len(shape))]
+    return [bases(spt, one) + bases(repeat, tile), bases(tpw, lane_stride), bases(wpc, warp_stride)]
+
+
+@pytest.mark.parametrize("tile", [(16, 16, 1, 1), (64, 64, 2, 2), (128, 256, 2, 4)])
+def test_blocked_bases_match_triton(tile):
+    """The fallback of _lane_coords (Triton 3.5) is Triton's own layout where Triton can say (>= 3.6)."""
+    from catengine.kernels.common.mma884 import frag_layout
+    BM, BN, WM, WN = tile
+    shape = [BM // 8, BN // 8, 2, 4, 8]
+    own = _triton_bases(frag_layout(WM, WN), shape)
+    if own is None:
+        pytest.skip("this Triton has no to_linear_layout to compare with")
+    assert own == _blocked_bases(frag_layout(WM, WN), shape)
+
+
+def _lane_coords(BM, BN, WM, WN):
+    """Triton's own linear layout of ``frag_layout`` (the BlockedLayout definition on Triton 3.5): coordinate
+    [mb, nb, h, l, i] of every (warp, lane, register)."""
+    from catengine.kernels.common.mma884 import frag_layout
+    shape = [BM // 8, BN // 8, 2, 4, 8]
+    reg_bases, lane_bases, warp_bases = (_triton_bases(frag_layout(WM, WN), shape)
+                                         or _blocked_bases(frag_layout(WM, WN), shape))
 
     def coord(bases, idx):
         c = [0] * 5
@@ -126,8 +172,8 @@ def _lane_coords(BM, BN, WM, WN):
             if idx >> bit & 1:
                 c = [x ^ y for x, y in zip(c, base)]
         return c
-    n_reg = 1 << len(ll.reg_bases)
-    return [[[[x ^ y ^ z for x, y, z in zip(coord(ll.warp_bases, w), coord(ll.lane_bases, t), coord(ll.reg_bases, r))]
+    n_reg = 1 << len(reg_bases)
+    return [[[[x ^ y ^ z for x, y, z in zip(coord(warp_bases, w), coord(lane_bases, t), coord(reg_bases, r))]
               for r in range(n_reg)] for t in range(32)] for w in range(WM * WN)]
 
 

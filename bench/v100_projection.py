@@ -1,0 +1,301 @@
+"""V100 projection from sm_70 SASS, never a claim of measured V100 speed (issue 18).
+
+    PYTHONPATH=. python3 bench/v100_projection.py [--out DIR] [--budget-s 200] [--kernels-only]
+    PYTHONPATH=. python3 bench/v100_projection.py --dry-cpu      # CPU: record + compile + count, no timing
+
+For every op and shape of the registry (bench/v100_kernels.py) the launches are recorded three times: on the
+H200's own sm_90 row (run, then timed with CUDA events), on the sm_70 row as a V100 gets it (HMMA.884 where the
+family has an sm_70 kernel; recorded, not run) and on the sm_70 row without its HMMA kernels (tl.dot, which is
+FMA on sm_70; recorded, not run). Each recorded configuration is compiled ahead of time through
+catengine/kernels/common/aot.py for its architecture, disassembled (Triton's cuobjdump; 3.6's reads sm_70) and
+counted by catengine/tools/sass_model.py with the trip counts of the shape; the V100 time is the largest of the
+issue / pipe / tensor-core / shared-memory / DRAM bounds (80 SMs x 4 schedulers x 1.53 GHz, 125 TFLOP/s,
+900 GB/s). The same model on the sm_90 SASS with the H200's rates measured in this run predicts the H200 time;
+``calib`` is predicted / measured - 1 on the H200 (negative: the model is optimistic). The HMMA.884 kernels are
+emulated on the H200 (never timed), so an HMMA row's calibration is that of the family's tl.dot kernel at the
+same shape. Tables go to stdout and to OUT/v100_projection.md (OUT: --out or $OUT).
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+import v100_kernels as reg  # noqa: E402
+from v100_record import arch_row, recording  # noqa: E402
+
+from catengine.tools import sass_model as sm  # noqa: E402
+
+PATHS = ("h200", "fma", "hmma")     # sm_90 as run here; sm_70 without / with the HMMA.884 kernels
+CC = {"h200": 90, "fma": 70, "hmma": 70}
+
+
+# ---------------------------------------------------------------- ahead-of-time compile (worker processes)
+def compile_sass(module: str, cfg, cc: int) -> dict:
+    """Worker: compile one recorded configuration for sm_cc through aot.py and return its SASS."""
+    import importlib
+
+    from catengine.kernels.common import aot
+    try:
+        k = aot.build(importlib.import_module(module), cfg, cc)
+        sass = aot.disassemble(k.asm["cubin"], cc)
+        return {"sass": sass, "shared": k.metadata.shared, "gluon": aot._is_gluon(getattr(
+            importlib.import_module(module), cfg.kernel)), "error": None if sass else "no disassembler for sm_%d" % cc}
+    except Exception as e:   # a config that does not build is a row of the table, not the end of the run
+        return {"sass": None, "shared": None, "gluon": None, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+
+
+def config_key(launch, cc: int) -> str:
+    cfg = launch.aot_config()
+    return json.dumps([launch.module, cfg.kernel, cfg.signature, {k: repr(v) for k, v in cfg.constexprs.items()},
+                       cfg.num_warps, cfg.num_stages, cfg.divisible_by_16, cc], sort_keys=True)
+
+
+# ---------------------------------------------------------------- recording and timing
+def record_case(op_key: str, shape: dict, time_it: bool, bench_ms) -> dict:
+    op = reg.OPS[op_key]
+    call = op.make(shape)
+    out = {}
+    with recording(run=time_it) as l90:
+        call()
+    out["h200"] = l90
+    with arch_row(70), recording(run=False) as l70:
+        call()
+    out["hmma"] = l70
+    with arch_row(70), reg.fma_path(), recording(run=False) as l70f:
+        call()
+    out["fma"] = l70f
+    out["ms"] = bench_ms(call) if time_it else None
+    del call
+    return out
+
+
+def _case_id(op_key, shape):
+    return json.dumps([op_key, {k: v for k, v in shape.items() if k not in ("label", "touched")}], sort_keys=True)
+
+
+# ---------------------------------------------------------------- the model over recorded launches
+def project(launches, shape, compiled, cc, chip) -> dict:
+    """Seconds of a list of launches on chip, the binding resource of the longest, and what was not modelled."""
+    total, worst, notes = 0.0, (0.0, "", ""), []
+    for ln in launches:
+        if ln.programs == 0:      # an empty grid (a window with no chunks): launched, nothing runs
+            continue
+        res = compiled.get(config_key(ln, cc))
+        if res is None or res["sass"] is None:
+            notes.append(f"{ln.kernel}: {res['error'] if res else 'not compiled'}")
+            continue
+        try:
+            funcs = sm.parse_sass(res["sass"])
+            instrs = funcs.get(ln.kernel) or next(iter(funcs.values()), [])
+            trips, modelled = reg.trips_of(ln, shape)
+            counts = sm.count(instrs, trips)
+            if not modelled and counts.loops:
+                notes.append(f"{ln.kernel}: loops without trip counts (counted once)")
+            t, res_name = sm.bound_time(sm.bounds(counts, ln.programs, ln.num_warps, chip, reg.dram_bytes(ln, shape)))
+        except Exception as e:   # one kernel the model cannot take is a note, not the end of the tables
+            notes.append(f"{ln.kernel}: {type(e).__name__}: {str(e)[:100]}")
+            continue
+        total += t
+        if t > worst[0]:
+            worst = (t, res_name, ln.kernel)
+    return {"s": total, "bound": worst[1], "kernel": worst[2], "notes": notes}
+
+
+def has_hmma(launches, compiled) -> bool:
+    return any((compiled.get(config_key(ln, 70)) or {}).get("gluon") for ln in launches)
+
+
+# ---------------------------------------------------------------- main
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--budget-s", type=float, default=200.0, help="stop timing new cases after this many seconds")
+    ap.add_argument("--deadline-s", type=float, default=215.0,
+                    help="write the tables after this many seconds, with what has compiled by then")
+    ap.add_argument("--kernels-only", action="store_true", help="the per-kernel table only, no model steps")
+    ap.add_argument("--only", default="", help="comma-separated registry ops (w4a16, moe, attn, gdn_chunk, gdn_rec)")
+    ap.add_argument("--dry-cpu", action="store_true", help="CPU: record and compile, no timing, no calibration")
+    ap.add_argument("--jobs", type=int, default=max(1, min(14, (os.cpu_count() or 2) - 2)))
+    args = ap.parse_args()
+    t0 = time.time()
+    os.environ.pop("TRITON_INTERPRET", None)   # the workers compile; nothing here runs in the interpreter
+    dry = args.dry_cpu
+    if dry:
+        reg.DEVICE = "cpu"
+        chip90 = sm.h200(989e12, 4.2e12)
+        bench_ms = None
+        header = "CPU dry run: launches recorded on CPU tensors (4 SMs on every row), no H200 timing"
+    else:
+        from common import bench_ms as _bench, copy_bandwidth_gbs, device_header, matmul_tflops
+        props = torch.cuda.get_device_properties(0)
+        clock = getattr(props, "clock_rate", 0) * 1e3 or 1.98e9
+        chip90 = sm.h200(matmul_tflops() * 1e12, copy_bandwidth_gbs() * 1e9, clock, props.multi_processor_count)
+        bench_ms = lambda fn: _bench(fn, warmup_ms=5, rep_ms=20)   # noqa: E731
+        header = device_header() + f", model clock {clock / 1e9:.2f} GHz"
+    import triton
+    header += f", Triton {triton.__version__}, torch {torch.__version__}"
+
+    cases = [(k, s, "kernel") for k, s in reg.KERNEL_SHAPES]
+    steps = []
+    if not args.kernels_only:
+        for preset, short in (("qwen3.5-27b", "27B"), ("qwen3.6-35b-a3b", "35B-A3B")):
+            steps.append((short, "prefill 8K", 8192, 1, reg.model_step(preset, 8192, 1, 8192)))
+            for b in (1, 8, 32):
+                steps.append((short, f"decode B={b} ctx 8K", 1 * b, 1, reg.model_step(preset, 1, b, 8192)))
+        cases += [(k, s, "step") for *_, rows in steps for k, s, _ in rows]
+    # configurations compile in worker processes while the main process records and times the next cases
+    pool = cf.ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn"))
+    jobs: dict = {}
+
+    def submit(rec):
+        for path in PATHS:
+            for ln in rec.get(path, []):
+                key = config_key(ln, CC[path])
+                if key not in jobs:
+                    jobs[key] = pool.submit(compile_sass, ln.module, ln.aot_config(), CC[path])
+
+    if args.only:
+        keep = set(args.only.split(","))
+        cases = [c for c in cases if c[0] in keep]
+        steps = [st for st in steps if all(k in keep for k, _, _ in st[4])]
+    seen, records = {}, {}
+    for op_key, shape, _ in cases:
+        cid = _case_id(op_key, shape)
+        if cid in seen:
+            continue
+        seen[cid] = shape
+        try:
+            time_it = not dry and time.time() - t0 < args.budget_s
+            records[cid] = record_case(op_key, shape, time_it, bench_ms)
+            submit(records[cid])
+        except Exception as e:
+            records[cid] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+        if not dry:
+            torch.cuda.empty_cache()
+    print(f"recorded {len(records)} cases in {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+    compiled = {}
+    try:
+        for f in cf.as_completed(list(jobs.values()), timeout=max(1.0, args.deadline_s - (time.time() - t0))):
+            pass
+    except cf.TimeoutError:
+        pass
+    for key, f in jobs.items():
+        compiled[key] = f.result() if f.done() else {"sass": None, "shared": None, "gluon": None,
+                                                     "error": "compile not finished by --deadline-s"}
+    for proc in list(getattr(pool, "_processes", {}).values()):   # workers still compiling past the deadline
+        proc.terminate()
+    pool.shutdown(wait=False, cancel_futures=True)
+    print(f"compiled {sum(1 for r in compiled.values() if r['sass'])} of {len(compiled)} configurations "
+          f"in {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+
+    lines = [f"# V100 projection ({header})", "",
+             "Bounds from SASS counts x trip counts (catengine/tools/sass_model.py); V100: 80 SMs x 4 schedulers x "
+             "1.53 GHz, 125 TFLOP/s HMMA, 900 GB/s, 128 B/clk/SM shared memory. calib = model / measured - 1 of the "
+             "same model on the sm_90 SASS against the H200 time measured here (the HMMA.884 kernels are emulated "
+             "there and never timed: an HMMA row carries the calibration of its family's tl.dot kernel).", ""]
+    results = {}
+    for cid, rec in records.items():
+        if "error" in rec:
+            results[cid] = {"error": rec["error"]}
+            continue
+        shape = seen[cid]
+        try:
+            r = {p: project(rec[p], shape, compiled, CC[p], chip90 if p == "h200" else sm.V100) for p in PATHS}
+        except Exception as e:
+            results[cid] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+            continue
+        r["ms"] = rec["ms"]
+        r["hmma_present"] = has_hmma(rec["hmma"], compiled)
+        r["calib"] = (r["h200"]["s"] * 1e3 / rec["ms"] - 1) if rec["ms"] else None
+        results[cid] = r
+
+    def cell(x, unit=1e6):
+        return "-" if x is None else f"{x * unit:,.1f}"
+
+    lines += ["## Per kernel (one V100, microseconds)", "",
+              "| op | shape | FMA path | bound | HMMA.884 path | bound | HMMA % of peak | H200 measured | H200 model | calib | notes |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for op_key, shape, kind in cases:
+        if kind != "kernel":
+            continue
+        cid = _case_id(op_key, shape)
+        r = results[cid]
+        op = reg.OPS[op_key]
+        if "error" in r:
+            lines.append(f"| {op.name} | {shape['label']} | error: {r['error']} |||||||||")
+            continue
+        hm = r["hmma"]
+        if r["hmma_present"]:
+            flops = op.flops(shape)
+            pct = (f"{100 * flops / hm['s'] / 125e12:.0f}% of 125 TFLOP/s" if hm["bound"] not in ("dram",) else
+                   f"{100 * sum(reg.dram_bytes(ln, shape) for ln in records[cid]['hmma']) / hm['s'] / 900e9:.0f}%"
+                   " of 900 GB/s")
+            hcell, hbound = cell(hm["s"]), f"{hm['bound']} ({hm['kernel']})"
+        else:
+            hcell, hbound, pct = "missing", "no sm_70 HMMA kernel on this path", "-"
+        notes = "; ".join(sorted(set(r["fma"]["notes"] + r["hmma"]["notes"] + r["h200"]["notes"])))
+        calib = "-" if r["calib"] is None else f"{r['calib']:+.0%}"
+        lines.append(f"| {op.name} | {shape['label']} | {cell(r['fma']['s'])} | {r['fma']['bound']} | {hcell} | "
+                     f"{hbound} | {pct} | {cell(r['ms'], 1e3)} | {cell(r['h200']['s'])} | {calib} | {notes} |")
+    if steps:
+        lines += ["", "## Model steps (one V100; linears, MoE, attention, GDN; norms, RoPE, routing, sampling and the "
+                  "lm_head left out)", "",
+                  "| model | step | FMA path ms | HMMA path ms | HMMA tok/s | H200 measured ms | H200 model ms | calib | "
+                  "ops with no HMMA.884 launch (CUDA cores) | not modelled |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for short, name, tokens, _, rows in steps:
+            tot = dict.fromkeys(("fma", "hmma", "h200", "ms"), 0.0)
+            missing, bad, complete = set(), [], True
+            for op_key, shape, calls in rows:
+                r = results.get(_case_id(op_key, shape), {"error": "not recorded"})
+                if "error" in r:
+                    bad.append(f"{shape['label']}: {r['error']}")
+                    complete = False
+                    continue
+                for p in ("fma", "hmma", "h200"):
+                    tot[p] += calls * r[p]["s"]
+                if r["ms"] is None:
+                    complete = False
+                else:
+                    tot["ms"] += calls * r["ms"] * 1e-3
+                if not r["hmma_present"]:
+                    missing.add(reg.OPS[op_key].name)
+            calib = f"{tot['h200'] / tot['ms'] - 1:+.0%}" if complete and tot["ms"] else "-"
+            lines.append(f"| {short} | {name} | {tot['fma'] * 1e3:,.1f} | {tot['hmma'] * 1e3:,.1f} | "
+                         f"{tokens / tot['hmma'] if tot['hmma'] else 0:,.0f} | "
+                         f"{tot['ms'] * 1e3:,.2f} | {tot['h200'] * 1e3:,.2f} | {calib} | "
+                         f"{', '.join(sorted(missing)) or '-'} | {'; '.join(bad) or '-'} |")
+    lines += ["", "## Configurations compiled", "", "| kernel | cc | shared B | HMMA | FFMA | HFMA2 | LDG | LDS | STS | "
+              "static instructions | error |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for key, res in sorted(compiled.items()):
+        k = json.loads(key)
+        if res["sass"]:
+            funcs = sm.parse_sass(res["sass"])
+            ins = funcs.get(k[1]) or next(iter(funcs.values()), [])
+            c = sm.count(ins).classes
+            row = [c["hmma"], c["ffma"], c["hfma2"], c["ldg"], c["lds"], c["sts"], len(ins)]
+        else:
+            row = ["-"] * 7
+        lines.append(f"| {k[1]} {json.dumps(k[3])[:120]} w{k[4]} s{k[5]} | {k[7]} | {res['shared']} | "
+                     + " | ".join(str(int(v)) if v != "-" else v for v in row) + f" | {res['error'] or ''} |")
+    text = "\n".join(lines)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "v100_projection.md"), "w") as f:
+        f.write(text + "\n")
+    # the configuration table first, so that the projection tables end the output (a tail shows them)
+    cut = text.index("\n## Configurations compiled")
+    print(text[cut:] + "\n\n" + text[:cut], flush=True)
+    print(f"done in {time.time() - t0:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,236 @@
+"""Static SASS counts and a roofline of issue, pipes, shared memory and DRAM: how long a kernel would take on a
+chip we do not have (bench/v100_projection.py; issue 18's "V100 projection, never a claim of measured speed").
+
+A kernel's SASS (``cuobjdump -sass`` text) is split into instructions; backward branches mark loops. Given the
+trip count of each top-level loop (in address order; the launcher's shapes decide them, not the SASS), every
+instruction's dynamic count per warp is its static count times the trips of the loops around it (a nested loop
+counts once per trip of its parent: its own trips are not modelled). Predicated-off and branched-over code is
+counted as executed, so the counts are upper bounds for kernels with masked tails or early exits.
+
+The time of one launch is the largest of these bounds, each on the busiest SM (programs spread evenly, whole
+programs per SM):
+
+- issue: one warp instruction per scheduler per cycle;
+- the FP32 / fp16x2 pipe (FFMA, FADD, FMUL, HFMA2, HADD2, HMUL2, IMAD), the integer ALU pipe, MUFU: cycles per
+  warp instruction from the chip's lane counts;
+- tensor cores: the flops each HMMA / HGMMA instruction does against the chip's matrix rate;
+- shared memory: LDS/STS/LDSM bytes against the chip's bytes per cycle per SM;
+- DRAM: the launch's compulsory bytes against the chip's bandwidth.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from ..errors import ConfigError
+
+_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
+_FUNC = re.compile(r"Function\s*:\s*(\S+)")
+
+FP_PIPE = ("FFMA", "FADD", "FMUL", "HFMA2", "HADD2", "HMUL2", "IMAD", "FMNMX", "HMNMX2")
+ALU_PIPE = ("LOP3", "IADD3", "SHF", "ISETP", "FSETP", "HSETP2", "LEA", "PRMT", "SEL", "FSEL", "IMNMX", "VIADD",
+            "VIADDMNMX", "SGXT", "FLO", "POPC", "BMSK", "PLOP3", "CSET", "CSETP")
+MUFU_PIPE = ("MUFU",)
+# the classes the tables print, in order
+CLASSES = ("hmma", "ffma", "hfma2", "fp_other", "ldg", "stg", "lds", "sts", "other")
+
+
+@dataclass(frozen=True)
+class Instr:
+    addr: int
+    pred: str
+    opcode: str           # full opcode with modifiers, e.g. HMMA.884.F32.F32.STEP0
+    operands: str
+
+    @property
+    def base(self) -> str:
+        return self.opcode.split(".")[0]
+
+
+def parse_sass(text: str) -> dict[str, list[Instr]]:
+    """cuobjdump -sass / nvdisasm text -> {function name: instructions in address order}."""
+    funcs: dict[str, list[Instr]] = {}
+    cur = None
+    for line in text.splitlines():
+        m = _FUNC.search(line)
+        if m:
+            cur = funcs.setdefault(m.group(1), [])
+            continue
+        m = _LINE.search(line)
+        if m and cur is not None:
+            cur.append(Instr(int(m.group(1), 16), (m.group(2) or "").strip(), m.group(3), m.group(4).strip()))
+    return funcs
+
+
+def classify(opcode: str) -> str:
+    """One of CLASSES for an opcode (modifiers ignored except to tell the matrix instructions apart)."""
+    base = opcode.split(".")[0]
+    if base in ("HMMA", "HGMMA", "IMMA", "IGMMA"):
+        return "hmma"
+    if base == "FFMA":
+        return "ffma"
+    if base == "HFMA2":
+        return "hfma2"
+    if base in ("FADD", "FMUL", "HADD2", "HMUL2", "FMNMX", "HMNMX2"):
+        return "fp_other"
+    if base in ("LDG",):
+        return "ldg"
+    if base in ("STG", "RED", "ATOM", "ATOMG", "REDG"):
+        return "stg"
+    if base in ("LDS", "LDSM"):
+        return "lds"
+    if base == "STS":
+        return "sts"
+    return "other"
+
+
+def mma_flops(opcode: str) -> int:
+    """Flops one warp's instance of a matrix instruction does (0 for anything else).
+
+    HMMA.884.F32.F32.STEPn: mma.m8n8k4 with fp32 accumulation is four steps of a warp-wide 2 x 8x8x4 x 4
+    quad-pairs = 2048 flops, so 512 per step (fp16 accumulation: two steps, 1024 each). HMMA.1688: 16x8x8,
+    HMMA.16816: 16x8x16. HGMMA.64xNx16 runs on a warpgroup: each of its four warps counts a quarter."""
+    parts = opcode.split(".")
+    if parts[0] == "HMMA" and len(parts) > 1:
+        if parts[1] == "884":
+            return 1024 if "F16" in parts[2:3] else 512
+        shapes = {"1688": (16, 8, 8), "16816": (16, 8, 16), "16832": (16, 8, 32)}
+        if parts[1] in shapes:
+            a, b, c = shapes[parts[1]]
+            return 2 * a * b * c
+    if parts[0] == "HGMMA" and len(parts) > 1:
+        m = re.fullmatch(r"64x(\d+)x(\d+)", parts[1])
+        if m:
+            return 2 * 64 * int(m.group(1)) * int(m.group(2)) // 4
+    return 0
+
+
+def smem_bytes(opcode: str) -> int:
+    """Bytes one warp moves through shared memory with this instruction (0 if it does not touch it)."""
+    parts = opcode.split(".")
+    if parts[0] == "LDSM":       # LDSM.16.M88.4: four 8x8 matrices of 16-bit values, 128 bytes each
+        return 128 * (int(parts[-1]) if parts[-1] in ("1", "2", "4") else 1)
+    if parts[0] not in ("LDS", "STS"):
+        return 0
+    width = 4
+    for p in parts[1:]:
+        if p in ("128", "64", "32"):
+            width = int(p) // 8
+        elif p in ("U8", "S8"):
+            width = 1
+        elif p in ("U16", "S16"):
+            width = 2
+    return 32 * width
+
+
+def loops(instrs: list[Instr]) -> list[tuple[int, int]]:
+    """(first, last) instruction index of each loop: a branch to an earlier address (self-branches, the
+    trap at the end of every kernel, are not loops)."""
+    index = {ins.addr: i for i, ins in enumerate(instrs)}
+    out = []
+    for i, ins in enumerate(instrs):
+        if ins.base not in ("BRA", "JMP"):
+            continue
+        m = re.search(r"0x([0-9a-f]+)", ins.operands)
+        if not m:
+            continue
+        target = int(m.group(1), 16)
+        if target < ins.addr and target in index:
+            out.append((index[target], i))
+    return sorted(set(out))
+
+
+@dataclass
+class Counts:
+    """Dynamic counts per warp of one program (floats: trips may be averages)."""
+    classes: dict = field(default_factory=lambda: dict.fromkeys(CLASSES, 0.0))
+    total: float = 0.0
+    fp_pipe: float = 0.0
+    alu_pipe: float = 0.0
+    mufu: float = 0.0
+    mma_flops: float = 0.0
+    smem_bytes: float = 0.0
+    loops: int = 0
+    nested: bool = False
+
+
+def count(instrs: list[Instr], trips: tuple[float, ...] = ()) -> Counts:
+    """Dynamic counts per warp: each top-level loop (address order) runs ``trips[i]`` times (the last value
+    repeats for later loops; no trips: every loop once)."""
+    lps = loops(instrs)
+    top = [lp for lp in lps if not any(o != lp and o[0] <= lp[0] and lp[1] <= o[1] for o in lps)]
+    weight = [1.0] * len(instrs)
+    for j, (a, b) in enumerate(top):
+        t = float(trips[min(j, len(trips) - 1)]) if trips else 1.0
+        for i in range(a, b + 1):
+            weight[i] = t
+    c = Counts(loops=len(top), nested=len(lps) > len(top))
+    for ins, w in zip(instrs, weight):
+        if ins.base == "NOP":     # alignment padding after the last EXIT
+            continue
+        c.total += w
+        c.classes[classify(ins.opcode)] += w
+        if ins.base in FP_PIPE:
+            c.fp_pipe += w
+        elif ins.base in ALU_PIPE:
+            c.alu_pipe += w
+        elif ins.base in MUFU_PIPE:
+            c.mufu += w
+        c.mma_flops += w * mma_flops(ins.opcode)
+        c.smem_bytes += w * smem_bytes(ins.opcode)
+    return c
+
+
+@dataclass(frozen=True)
+class Chip:
+    name: str
+    sms: int
+    clock_hz: float
+    mma_flops: float            # dense fp16 tensor rate, flop/s
+    dram_bps: float             # bytes/s
+    schedulers: int = 4
+    fp_cycles: float = 2.0      # cycles one warp instruction holds a scheduler's FP32 pipe (32 lanes / lanes)
+    alu_cycles: float = 2.0
+    mufu_cycles: float = 8.0
+    smem_bytes_per_clk: int = 128   # per SM
+
+
+# V100 SXM2 (the issue's facts): 80 SMs x 4 schedulers, 1.53 GHz boost, 16 FP32 and 16 INT32 lanes and 4 SFUs
+# per scheduler, 125 TFLOP/s HMMA.884, 32 banks x 4 B per cycle, 900 GB/s
+V100 = Chip("V100", 80, 1.53e9, 125e12, 900e9)
+
+
+def h200(mma_flops: float, dram_bps: float, clock_hz: float = 1.98e9, sms: int = 132) -> Chip:
+    """H200 SXM: 32 FP32 lanes per scheduler (FFMA at one warp instruction per cycle), 16 INT32; the matrix and
+    copy rates are the caller's, measured in the same run."""
+    return Chip("H200", sms, clock_hz, mma_flops, dram_bps, fp_cycles=1.0)
+
+
+def bounds(c: Counts, programs: int, warps: int, chip: Chip, dram_bytes: float) -> dict[str, float]:
+    """Seconds each resource needs for one launch of ``programs`` programs of ``warps`` warps."""
+    if programs <= 0 or warps <= 0:
+        raise ConfigError(f"a launch needs programs and warps, got {programs} x {warps}")
+    per_sm = math.ceil(programs / chip.sms)             # programs on the busiest SM
+    warps_sm = per_sm * warps
+    sched = min(chip.schedulers, warps_sm)              # schedulers that have a warp at all
+    cyc = 1.0 / chip.clock_hz
+    return {
+        "issue": warps_sm * c.total / sched * cyc,
+        "fp": warps_sm * c.fp_pipe * chip.fp_cycles / sched * cyc,
+        "alu": warps_sm * c.alu_pipe * chip.alu_cycles / sched * cyc,
+        "mufu": warps_sm * c.mufu * chip.mufu_cycles / sched * cyc,
+        "mma": warps_sm * c.mma_flops / (chip.mma_flops / chip.sms),
+        "smem": warps_sm * c.smem_bytes / chip.smem_bytes_per_clk * cyc,
+        "dram": dram_bytes / chip.dram_bps,
+    }
+
+
+def bound_time(b: dict[str, float]) -> tuple[float, str]:
+    """(seconds, name of the binding resource)."""
+    name = max(b, key=b.get)
+    return b[name], name
+
+
+__all__ = ["CLASSES", "Chip", "Counts", "Instr", "V100", "bound_time", "bounds", "classify", "count", "h200",
+           "loops", "mma_flops", "parse_sass", "smem_bytes"]
