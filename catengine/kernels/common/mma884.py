@@ -37,6 +37,10 @@ from triton.experimental.gluon import language as gl
 
 from ...errors import KernelContractError
 
+# The CTA-wide barrier is ``gl.barrier`` in Triton 3.9 and ``gl.thread_barrier`` in 3.5/3.6, the versions V100
+# users run (the H200's 3.6 refused gl.barrier at compile time); kernels call ``cta_barrier()``.
+cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+
 # two m8n8k4 per call; early-clobber outputs (=&f) keep ptxas from giving D the registers of A, B or C,
 # which the second instruction still reads
 _MMA884_ASM = gl.constexpr("""
@@ -189,6 +193,6 @@ def stage_index(ROWS: gl.constexpr, L: gl.constexpr):
     return d, h, ll, k
 
 
-__all__ = ["Tile884", "pick_tile", "tile_check", "frag_layout", "a_layout", "b_layout", "a_smem_shape", "b_smem_shape", "smem_layout",
+__all__ = ["cta_barrier", "Tile884", "pick_tile", "tile_check", "frag_layout", "a_layout", "b_layout", "a_smem_shape", "b_smem_shape", "smem_layout",
            "mma884", "frag_index", "acc_rows_cols",
            "stage_layout_a", "stage_layout_b", "stage_index"]

@@ -19,6 +19,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from ..common.aot import AotConfig
+from ..common.mma884 import cta_barrier
 from ..common.mma884 import (Tile884, a_layout, a_smem_shape, acc_rows_cols, b_layout, b_smem_shape, frag_layout,
                              mma884, smem_layout, stage_index, stage_layout_a, stage_layout_b)
 from .chunk_o_sm70 import check_o_sm70
@@ -112,9 +113,9 @@ def gdn_chunk_h_sm70_kernel(k, w, u, g, kn, vn, hb, ssm, vec, qsl, cu_chunks, st
             b_u = gl.load(u + o_r * V + c_v, mask=m_v, other=0.0)
             # the previous chunk's readers of the scratch are done before it is overwritten, and its writes
             # are visible to the whole CTA before they are read
-            gl.barrier()
+            cta_barrier()
             gl.store(p_vec + o_t1, b_f)
-            gl.barrier()
+            cta_barrier()
 
             b_hd = b_h.to(gl.float16)
             gl.store(hb + ((j + c0).to(gl.int64) * HV + i_h) * (K * V) + rows_s * V + c_s, b_hd, mask=m_s)

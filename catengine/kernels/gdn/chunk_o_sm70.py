@@ -25,6 +25,7 @@ from triton.experimental.gluon import language as gl
 
 from ...errors import KernelContractError
 from ..common.aot import AotConfig
+from ..common.mma884 import cta_barrier
 from ..common.mma884 import (Tile884, a_layout, a_smem_shape, acc_rows_cols, b_layout, b_smem_shape, frag_layout,
                              mma884, smem_layout, stage_index, stage_layout_a, stage_layout_b)
 
@@ -151,7 +152,7 @@ def gdn_chunk_o_sm70_kernel(q, k, vn, hb, g, kn, o, vec, qsl, cu_chunks, c_lo, B
                 acc_o = mma884(acc_o, f_q, gl.expand_dims(f_s, 0))
 
         # the vectors' global writes are visible to the whole CTA after the barrier
-        gl.barrier()
+        cta_barrier()
         # [64, 64]: causal q k^T / |k_j| * e^{g_i - g_j}; above the diagonal the exponent is > 0: clamped, masked
         rows, cols = acc_rows_cols(64, 64, WM, WN)
         g_r = gl.load(p_vec + rows)

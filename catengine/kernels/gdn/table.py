@@ -69,7 +69,8 @@ TABLE = {
     # 1.0 of 512 teacher-forced tokens (tests/test_arch70_gpu.py). Its speed on a V100 is unknown either way.
     # o_hmma / h_hmma (2026-12-03): the split form's output and state products on HMMA.884 (chunk_o_sm70.py,
     # chunk_h_sm70.py); they act only when the split form runs, so with prefill="scan" they wait for their GPU
-    # tests (tests/kernels/gdn/test_chunk_sm70.py, -m gpu) before the row's form is switched.
+    # tests (tests/kernels/gdn/test_chunk_sm70.py, -m gpu) before the row's form is switched. Their one H200 run
+    # (Triton 3.6) failed to compile (gl.barrier is newer than Triton 3.6; now common.mma884.cta_barrier), not re-run.
     70: GDNTable(wy_warps=4, wy_dot="ieee", h_bv=32, h_warps=4, h_stages=1, o_bv=32, o_warps=4, o_stages=1,
                  scan_bv=64, scan_warps=8, scan_stages=2, rec_bv=32, rec_warps=4, prefill="scan",
                  overlap_max_programs=4096, scan_overlap_max_programs=80, o_hmma=True,
