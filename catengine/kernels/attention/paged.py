@@ -39,7 +39,7 @@ from .paged_sm70 import paged_attention_sm70, sm70_applies
 from .launch import DECODE, DECODE_E5M2, PREFILL, AttnLaunch, decode_warps, num_decode_splits, table_launch
 
 DECODE_MAX_QUERY = 8          # up to this many new tokens per sequence use the split-KV decode launch
-_LOG2E = 1.4426950408889634
+LOG2E = 1.4426950408889634
 REDUCE_BLOCK_S, REDUCE_BLOCK_D = 64, 64   # splits per round trip, output dims per program
 
 
@@ -179,7 +179,7 @@ def _inline_ptx(device: torch.device) -> bool:
     return device.type == "cuda" and torch.version.hip is None and not INTERPRET
 
 
-def _check(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, gate):
+def check_paged_inputs(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, gate):
     if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
         raise KernelContractError(f"paged_attention: q must be [T, nh, d] and caches [num_blocks, block_size, nkv, "
                                   f"d]; got q {tuple(q.shape)}, k {tuple(k_cache.shape)}, v {tuple(v_cache.shape)}")
@@ -213,7 +213,7 @@ def paged_attention_with(q, k_cache, v_cache, block_tables, seq_lens, query_star
                          max_seq_len, gate=None, arch=None, num_splits=None, cfg: AttnLaunch | None = None):
     """``arch``, ``num_splits`` and ``cfg`` override the table row, the split count and the launch
     (tests run every row in the interpreter; the benchmark compares candidate launches)."""
-    _check(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, gate)
+    check_paged_inputs(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, gate)
     t, nh, d = q.shape
     nkv, bs = k_cache.shape[2], k_cache.shape[1]
     g = nh // nkv
@@ -252,7 +252,7 @@ def paged_attention_with(q, k_cache, v_cache, block_tables, seq_lens, query_star
         part_o = part_ml = torch.empty(1, dtype=torch.float32, device=q.device)
     paged_attn_kernel[(num_qt, b * nkv, num_splits)](
         q, k_cache, v_cache, out, g_arg, part_o, part_ml, block_tables, seq_lens, query_start_loc,
-        scale * _LOG2E, nkv, g, tok, num_qt, num_splits, bs,
+        scale * LOG2E, nkv, g, tok, num_qt, num_splits, bs,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), g_arg.stride(0), g_arg.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),

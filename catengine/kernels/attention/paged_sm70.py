@@ -293,8 +293,8 @@ def paged_attention_sm70(q, k_cache, v_cache, block_tables, seq_lens, query_star
                          max_seq_len, gate=None, num_splits=None, cfg: Sm70Attn | None = None):
     """:func:`catengine.kernels.attention.naive.paged_attention` on m8n8k4 (fp16 queries, fp16 or e5m2 cache).
     ``num_splits`` and ``cfg`` override the decode split count and the table's launch (tests)."""
-    from .paged import DECODE_MAX_QUERY, REDUCE_BLOCK_D, REDUCE_BLOCK_S, _LOG2E, _check   # paged.py dispatches here
-    _check(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, gate)
+    from .paged import DECODE_MAX_QUERY, REDUCE_BLOCK_D, REDUCE_BLOCK_S, LOG2E, check_paged_inputs   # paged.py dispatches here
+    check_paged_inputs(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, gate)
     t, nh, d = q.shape
     if q.dtype != torch.float16 or k_cache.dtype not in (torch.float16, torch.uint8):
         raise KernelContractError(f"the sm_70 attention takes fp16 queries (sm_70 has no bf16) and an fp16 or e5m2 "
@@ -327,7 +327,7 @@ def paged_attention_sm70(q, k_cache, v_cache, block_tables, seq_lens, query_star
         part_o = part_ml = torch.empty(1, dtype=torch.float32, device=q.device)
     paged_attn_sm70_kernel[(num_qt, b * nkv, num_splits)](
         q, k_cache, v_cache, out, g_arg, part_o, part_ml, block_tables, seq_lens, query_start_loc,
-        scale * _LOG2E, nkv, g, tok, num_qt, num_splits, bs,
+        scale * LOG2E, nkv, g, tok, num_qt, num_splits, bs,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), g_arg.stride(0), g_arg.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
