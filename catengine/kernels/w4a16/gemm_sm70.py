@@ -20,6 +20,7 @@ from triton.experimental.gluon import language as gl
 from ...errors import KernelContractError
 from ..common.aot import AotConfig
 from ..common.arch import device_key
+from ..common.int4_frag import code_layout, code_smem_layout, code_stage_layout, index3
 from ..common.mma884 import (Tile884, a_layout, a_smem_shape, acc_rows_cols, b_layout, frag_layout, mma884,
                              pick_tile, smem_layout, stage_index, stage_layout_a)
 from ..common.splitk import REDUCE_BLOCK, splitk_reduce_kernel
@@ -34,34 +35,6 @@ SM70_TABLE = (
 MAX_SPLIT_K = 8
 
 
-@gluon.constexpr_function
-def _code_layout(WM, WN):
-    """One k = 8 step of codes, [BN // 8, 2, 4] int32: the B fragment's layout without its k dim."""
-    return gl.SliceLayout(3, b_layout(WM, WN))
-
-
-@gluon.constexpr_function
-def _code_stage_layout(num_warps):
-    """Global -> register layout of the codes' [(step, nb), 2, 4] staging: 4 consecutive columns per lane."""
-    return gl.BlockedLayout(size_per_thread=[1, 1, 4], threads_per_warp=[16, 2, 1], warps_per_cta=[num_warps, 1, 1],
-                            order=[2, 1, 0])
-
-
-@gluon.constexpr_function
-def _code_smem_layout():
-    return gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[2, 1, 0])
-
-
-@gluon.jit
-def _index3(ROWS: gl.constexpr, L: gl.constexpr):
-    """(d, h, l) index tensors of a [ROWS, 2, 4] tile in layout L."""
-    d = gl.arange(0, ROWS, layout=gl.SliceLayout(1, gl.SliceLayout(2, L)))
-    h = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, L)))
-    ll = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, L)))
-    return gl.expand_dims(gl.expand_dims(d, 1), 2), gl.expand_dims(gl.expand_dims(h, 0), 2), \
-        gl.expand_dims(gl.expand_dims(ll, 0), 1)
-
-
 @gluon.jit
 def w4a16_gemm_sm70_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_ptr, M, N, K, stride_xm, stride_ym,
                            G: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
@@ -71,8 +44,8 @@ def w4a16_gemm_sm70_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_pt
     MB: gl.constexpr = BM // 8
     NB: gl.constexpr = BN // 8
     LA: gl.constexpr = stage_layout_a(NW)
-    LQ: gl.constexpr = _code_stage_layout(NW)
-    LC: gl.constexpr = _code_layout(WM, WN)
+    LQ: gl.constexpr = code_stage_layout(NW)
+    LC: gl.constexpr = code_layout(WM, WN)
     LF: gl.constexpr = frag_layout(WM, WN)
 
     n_kb = K // BK
@@ -87,13 +60,13 @@ def w4a16_gemm_sm70_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_pt
     m_am = o_am < M
     p_a = x_ptr + o_am * stride_xm + o_ak
     # code staging [(step, nb), h, l]: qweight row k / 8 = step, column 8 nb + 4 h + l
-    dq, hq, lq = _index3(BK // 8 * NB, LQ)
+    dq, hq, lq = index3(BK // 8 * NB, LQ)
     o_qn = i_n * BN + 8 * (dq % NB) + 4 * hq + lq
     o_qr = k_begin // 8 + dq // NB
     m_qn = o_qn < N
     p_q = qw_ptr + o_qr * N + o_qn
     # scales and zeros of the fragment columns, [NB, 2, 4] in the codes' fragment layout
-    nbc, hc, lc = _index3(NB, LC)
+    nbc, hc, lc = index3(NB, LC)
     o_cn = i_n * BN + 8 * nbc + 4 * hc + lc
     m_cn = o_cn < N
     # nibble index of the fragment's k dim: [1, 1, 1, 8]
@@ -101,7 +74,7 @@ def w4a16_gemm_sm70_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_pt
     o_i = gl.expand_dims(gl.expand_dims(gl.expand_dims(o_i, 0), 1), 2)
 
     s_a = gl.allocate_shared_memory(gl.float16, a_smem_shape(BM, BK), smem_layout())
-    s_q = gl.allocate_shared_memory(gl.int32, [BK // 8 * NB, 2, 4], _code_smem_layout())
+    s_q = gl.allocate_shared_memory(gl.int32, [BK // 8 * NB, 2, 4], code_smem_layout())
     acc = gl.zeros([MB, NB, 2, 4, 8], gl.float32, layout=LF)
 
     # [BK//8 * BM//8, 2, 4, 8]
