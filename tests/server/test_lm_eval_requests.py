@@ -20,7 +20,11 @@ SEED = 1234   # lm-eval's default
 @pytest.fixture(scope="module")
 def engine():
     from catengine.async_engine import AsyncEngine
-    eng = AsyncEngine(max_model_len=512, max_num_seqs=8, max_num_batched_tokens=16, kv_cache_memory_bytes=32 << 20)
+    from catengine.tools.demo import demo_model_path
+    # the random-weight fp16 model transformers loads as the float32 reference (the trained demo is AWQ, which
+    # transformers loads only through gptqmodel)
+    eng = AsyncEngine(model=str(demo_model_path()), max_model_len=512, max_num_seqs=8, max_num_batched_tokens=16,
+                      kv_cache_memory_bytes=32 << 20)
     yield eng
     eng.shutdown()
 

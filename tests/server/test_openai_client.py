@@ -25,7 +25,10 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
 def server():
     port = free_port()
     log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
-    cmd = [sys.executable, "-m", "catengine.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+    from catengine.tools.demo import demo_model_path
+    # the random-weight model with the real Qwen3.5 vocabulary, whose tokenizer the tests use (not the trained demo)
+    cmd = [sys.executable, "-m", "catengine.cli", "serve", "--model", str(demo_model_path()), "--host", "127.0.0.1",
+           "--port", str(port),
            "--api-key", KEY, "--served-model-name", MODEL, "--max-model-len", str(MAX_MODEL_LEN),
            "--kv-cache-memory-bytes", str(64 << 20), "--enable-auto-tool-choice", "--tool-call-parser",
            "qwen3_coder", "--reasoning-parser", "qwen3", "--attention-backend", "FLASH_ATTN_V100",
