@@ -31,12 +31,11 @@ def aengine(engine):
 def force_tokens(engine: Engine, script: dict[str, list[int]]) -> None:
     """Make the runner emit ``script[request_id]`` instead of sampling: the detokenizer and stop
     logic then see exactly the token boundaries a test wants."""
-    def forced(out, hidden):
+    def forced(sample_rows, hidden, masks=None):   # ModelRunner._sample's signature
         ids = []
-        for item in out.scheduled:
-            if item.num_samples:
-                seq = item.seq
-                ids.append(script[seq.request_id][seq.num_output_tokens])
+        for seq, own in sample_rows.rows:
+            assert own, "force_tokens scripts requests with n = 1 (no fork rows)"
+            ids.append(script[seq.request_id][seq.num_output_tokens])
         return ids, [None] * len(ids)
     engine.runner._sample = forced
 
