@@ -10,7 +10,9 @@ pytestmark = pytest.mark.gpu
 
 
 def test_prompt_logprobs_on_cuda_match_float32():
-    engine = Engine(model=None, device="cuda", max_model_len=2048, max_num_seqs=8, max_num_batched_tokens=64,
+    from catengine.tools.demo import demo_model_path
+    # the random-weight fp16 model (transformers loads the trained AWQ demo only through gptqmodel)
+    engine = Engine(model=str(demo_model_path()), device="cuda", max_model_len=2048, max_num_seqs=8, max_num_batched_tokens=64,
                     kv_cache_memory_bytes=256 << 20)
     text = "Prompt logprobs on the GPU: " + "the quick brown fox jumps over the lazy dog, " * 20
     ids = engine.tokenizer.encode(text)
