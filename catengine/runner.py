@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import array
 import contextlib
-import itertools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from .memory import MemoryPlan, cuda_cache_budget, plan_memory
 from .models.batch import AttentionCache, BatchMetadata, ModelCaches
 from .kernels import ops
 from .logprobs import prompt_logprobs
+from .sample_rows import SampleRows, penalty_views, sample_rows
 from .sampling import SamplingParams, TokenLogprobs, apply_penalties, sample
 from .scheduler import SchedulerOutput, Sequence
 
@@ -46,18 +46,6 @@ class BatchShape:
     max_query_len: int
     max_seq_len: int
     decode_only: bool     # every sequence brings one token and continues its GDN state
-
-
-@dataclass
-class _SampleRows:
-    """One entry per sampled row, in SchedulerOutput order: (sequence, is its own row), the hidden row,
-    params, seed, output step and grammar state (None: a free row)."""
-    rows: list
-    last_index: list[int]
-    params: list
-    seeds: list[int]
-    steps: list[int]
-    grammars: list
 
 
 @dataclass
@@ -78,36 +66,6 @@ def _tensor(values: array.array, dtype: torch.dtype) -> torch.Tensor:
     """A CPU tensor over an ``array.array`` (it keeps the array alive): 3x faster than torch.tensor on a
     list, which the per-step batch build pays for every field."""
     return torch.frombuffer(values, dtype=dtype) if len(values) else torch.empty(0, dtype=dtype)
-
-
-class _Rows:
-    """A lazy list: element i is ``fn(i)``; the sampler only reads the rows that need a value (e.g.
-    the prompt ids of rows with a repetition penalty), so long prompts are not copied every step."""
-
-    def __init__(self, n: int, fn):
-        self._n, self._fn = n, fn
-
-    def __len__(self) -> int:
-        return self._n
-
-    def __getitem__(self, i: int):
-        return self._fn(i)
-
-
-class _Tail:
-    """``tokens[start:]`` without the copy: the penalty code asks every row for ``len`` each step but
-    iterates only the rows that use penalties."""
-
-    __slots__ = ("tokens", "start")
-
-    def __init__(self, tokens: list[int], start: int):
-        self.tokens, self.start = tokens, start
-
-    def __len__(self) -> int:
-        return len(self.tokens) - self.start
-
-    def __iter__(self):
-        return itertools.islice(self.tokens, self.start, None)
 
 
 class ModelRunner:
@@ -195,7 +153,7 @@ class ModelRunner:
             self.caches.copy_state_slot(src, dst)
         t0 = time.perf_counter()
         host, shape = self.host_batch(out)
-        rows = self._sample_rows(out)
+        rows = sample_rows(out)
         graphs = self.graphs
         if graphs is not None and graphs.can_run(shape, len(out.scheduled), host["block_tables"].shape[1]):
             hidden = graphs.run(host)
@@ -283,31 +241,7 @@ class ModelRunner:
         return t if self.device.type == "cpu" else t.to(self.device, non_blocking=True)
 
     # ------------------------------------------------------------------ sampling
-    def _sample_rows(self, out: SchedulerOutput) -> "_SampleRows":
-        rows, last_index, params, seeds, steps, grammars = [], [], [], [], [], []
-        offset = 0
-        for it in out.scheduled:
-            offset += it.num_new
-            if not it.num_samples:
-                continue
-            seq = it.seq
-            rows.append((seq, True))
-            last_index.append(offset - 1)
-            params.append(seq.params)
-            seeds.append(seq.seed)
-            steps.append(seq.num_output_tokens)
-            grammars.append(seq.grammar)
-            for seed, child_params in seq.forks:   # the leader's forks share its last-token logits
-                rows.append((seq, False))
-                last_index.append(offset - 1)
-                params.append(child_params)
-                seeds.append(seed)
-                steps.append(0)
-                # nothing is generated yet, so the leader's grammar state is every fork's first state
-                grammars.append(seq.grammar)
-        return _SampleRows(rows, last_index, params, seeds, steps, grammars)
-
-    def _fill_masks(self, rows: "_SampleRows"):
+    def _fill_masks(self, rows: SampleRows):
         if not any(g is not None for g in rows.grammars):
             return None
         if self._bitmasks is None:
@@ -315,16 +249,14 @@ class ModelRunner:
             self._bitmasks = TokenBitmasks(self.model.config.vocab_size, self.device)
         return self._bitmasks.fill(rows.grammars)
 
-    def _sample(self, sample_rows: "_SampleRows", hidden: torch.Tensor, masks=None):
+    def _sample(self, sample_rows: SampleRows, hidden: torch.Tensor, masks=None):
         rows, last_index, params, seeds, steps = (sample_rows.rows, sample_rows.last_index, sample_rows.params,
                                                   sample_rows.seeds, sample_rows.steps)
         if not rows:
             return [], []
         index = torch.tensor(last_index, dtype=torch.int64, device=hidden.device)
         logits = self.model.compute_logits(hidden.index_select(0, index))
-        prompts = _Rows(len(rows), lambda i: rows[i][0].prompt_token_ids)
-        outputs = _Rows(len(rows), lambda i: _Tail(rows[i][0].token_ids, rows[i][0].num_prompt_tokens)
-                        if rows[i][1] else ())
+        prompts, outputs = penalty_views(rows)
         processed = apply_penalties(logits, prompts, outputs, params, self.eos_token_ids)
         if masks is not None:
             # after the penalties (a grammar's -inf must stay -inf), on a copy: logprobs read the raw logits
