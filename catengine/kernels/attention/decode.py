@@ -3,8 +3,11 @@ paged K/V tile gather, the exact e5m2 widening, and the pass that combines split
 """
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
+
+REDUCE_BLOCK_S, REDUCE_BLOCK_D = 64, 64   # splits per round trip, output dims per program
 
 
 @triton.jit
@@ -76,3 +79,22 @@ def split_reduce_kernel(part_o, part_ml, out, gate, NH, NUM_SPLITS, stride_ot, s
         b_g = tl.load(gate + i_t * stride_gt + i_h * stride_gh + o_d).to(tl.float32)
         b_out = b_out * tl.sigmoid(b_g)
     tl.store(out + i_t * stride_ot + i_h * stride_oh + o_d, b_out.to(out.dtype.element_ty))
+
+
+def split_partials(t: int, nh: int, num_splits: int, d: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fp32 partial outputs [t, nh, splits, d] and (max, sum) [t, nh, splits, 2] a split-KV launch writes;
+    unsplit, a 1-element placeholder of the same pointer type keeps one compiled signature."""
+    if num_splits > 1:
+        return (torch.empty((t, nh, num_splits, d), dtype=torch.float32, device=device),
+                torch.empty((t, nh, num_splits, 2), dtype=torch.float32, device=device))
+    part = torch.empty(1, dtype=torch.float32, device=device)
+    return part, part
+
+
+def reduce_splits(part_o, part_ml, out, g_arg, nh: int, num_splits: int, has_gate: bool) -> None:
+    """Combine the split-KV partials into ``out`` (gated by ``g_arg`` when ``has_gate``)."""
+    t, d = out.shape[0], part_o.shape[-1]
+    split_reduce_kernel[(t, nh, d // REDUCE_BLOCK_D)](
+        part_o, part_ml, out, g_arg, nh, num_splits, out.stride(0), out.stride(1),
+        g_arg.stride(0), g_arg.stride(1), D=d, BLOCK_S=REDUCE_BLOCK_S, BLOCK_D=REDUCE_BLOCK_D,
+        HAS_GATE=has_gate, num_warps=4)

@@ -33,14 +33,13 @@ from ...errors import ConfigError, KernelContractError
 from ..common.aot import AotConfig
 from ..common.arch import INTERPRET, arch_from_cc, arch_of, device_key
 from ..common.e5m2_jit import e5m2_pair
-from .decode import kv_tile, split_reduce_kernel
+from .decode import REDUCE_BLOCK_D, REDUCE_BLOCK_S, kv_tile, reduce_splits, split_partials, split_reduce_kernel
 from . import DEFAULT_BLOCK_SIZE
 from .paged_sm70 import paged_attention_sm70, sm70_applies
 from .launch import DECODE, DECODE_E5M2, PREFILL, AttnLaunch, decode_warps, num_decode_splits, table_launch
 
 DECODE_MAX_QUERY = 8          # up to this many new tokens per sequence use the split-KV decode launch
 LOG2E = 1.4426950408889634
-REDUCE_BLOCK_S, REDUCE_BLOCK_D = 64, 64   # splits per round trip, output dims per program
 
 
 @triton.jit
@@ -245,11 +244,7 @@ def paged_attention_with(q, k_cache, v_cache, block_tables, seq_lens, query_star
         k_cache, v_cache = k_cache.view(torch.int16), v_cache.view(torch.int16)
     has_gate = gate is not None
     g_arg = gate if has_gate else q
-    if split:
-        part_o = torch.empty((t, nh, num_splits, d), dtype=torch.float32, device=q.device)
-        part_ml = torch.empty((t, nh, num_splits, 2), dtype=torch.float32, device=q.device)
-    else:  # unused: a placeholder of the same pointer type keeps one compiled signature
-        part_o = part_ml = torch.empty(1, dtype=torch.float32, device=q.device)
+    part_o, part_ml = split_partials(t, nh, num_splits, d, q.device)
     paged_attn_kernel[(num_qt, b * nkv, num_splits)](
         q, k_cache, v_cache, out, g_arg, part_o, part_ml, block_tables, seq_lens, query_start_loc,
         scale * LOG2E, nkv, g, tok, num_qt, num_splits, bs,
@@ -260,10 +255,7 @@ def paged_attention_with(q, k_cache, v_cache, block_tables, seq_lens, query_star
         TWO_PHASE=cfg.two_phase, WIDEN_ASM=fp8 and cfg.widen_asm and _inline_ptx(q.device),
         num_warps=num_warps, num_stages=cfg.num_stages)
     if split:
-        split_reduce_kernel[(t, nh, d // REDUCE_BLOCK_D)](
-            part_o, part_ml, out, g_arg, nh, num_splits, out.stride(0), out.stride(1),
-            g_arg.stride(0), g_arg.stride(1), D=d, BLOCK_S=REDUCE_BLOCK_S, BLOCK_D=REDUCE_BLOCK_D,
-            HAS_GATE=has_gate, num_warps=4)
+        reduce_splits(part_o, part_ml, out, g_arg, nh, num_splits, has_gate)
     return out
 
 

@@ -35,7 +35,7 @@ from ...errors import KernelContractError
 from ..common.aot import AotConfig
 from ..common.arch import INTERPRET, device_key
 from . import DEFAULT_BLOCK_SIZE
-from .decode import split_reduce_kernel
+from .decode import reduce_splits, split_partials
 from .launch import num_decode_splits
 from ..common.mma884 import (a_layout, a_smem_shape, b_layout, b_smem_shape, frag_layout, mma884, smem_layout,
                              stage_index, stage_layout_a, stage_layout_b, tile_check)
@@ -293,7 +293,7 @@ def paged_attention_sm70(q, k_cache, v_cache, block_tables, seq_lens, query_star
                          max_seq_len, gate=None, num_splits=None, cfg: Sm70Attn | None = None):
     """:func:`catengine.kernels.attention.naive.paged_attention` on m8n8k4 (fp16 queries, fp16 or e5m2 cache).
     ``num_splits`` and ``cfg`` override the decode split count and the table's launch (tests)."""
-    from .paged import DECODE_MAX_QUERY, REDUCE_BLOCK_D, REDUCE_BLOCK_S, LOG2E, check_paged_inputs   # paged.py dispatches here
+    from .paged import DECODE_MAX_QUERY, LOG2E, check_paged_inputs   # paged.py dispatches here
     check_paged_inputs(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, gate)
     t, nh, d = q.shape
     if q.dtype != torch.float16 or k_cache.dtype not in (torch.float16, torch.uint8):
@@ -320,11 +320,7 @@ def paged_attention_sm70(q, k_cache, v_cache, block_tables, seq_lens, query_star
     split = num_splits > 1
     has_gate = gate is not None
     g_arg = gate if has_gate else q
-    if split:
-        part_o = torch.empty((t, nh, num_splits, d), dtype=torch.float32, device=q.device)
-        part_ml = torch.empty((t, nh, num_splits, 2), dtype=torch.float32, device=q.device)
-    else:  # unused: a placeholder of the same pointer type keeps one compiled signature
-        part_o = part_ml = torch.empty(1, dtype=torch.float32, device=q.device)
+    part_o, part_ml = split_partials(t, nh, num_splits, d, q.device)
     paged_attn_sm70_kernel[(num_qt, b * nkv, num_splits)](
         q, k_cache, v_cache, out, g_arg, part_o, part_ml, block_tables, seq_lens, query_start_loc,
         scale * LOG2E, nkv, g, tok, num_qt, num_splits, bs,
@@ -334,10 +330,7 @@ def paged_attention_sm70(q, k_cache, v_cache, block_tables, seq_lens, query_star
         D=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, WM=cfg.wm, WN=cfg.wn, FP8=k_cache.dtype == torch.uint8,
         HAS_GATE=has_gate, SPLIT=split, num_warps=cfg.num_warps)
     if split:
-        split_reduce_kernel[(t, nh, d // REDUCE_BLOCK_D)](
-            part_o, part_ml, out, g_arg, nh, num_splits, out.stride(0), out.stride(1),
-            g_arg.stride(0), g_arg.stride(1), D=d, BLOCK_S=REDUCE_BLOCK_S, BLOCK_D=REDUCE_BLOCK_D,
-            HAS_GATE=has_gate, num_warps=4)
+        reduce_splits(part_o, part_ml, out, g_arg, nh, num_splits, has_gate)
     return out
 
 
