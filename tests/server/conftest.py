@@ -1,7 +1,16 @@
 """Shared fixtures of the server tests: one demo-model AsyncEngine for the in-process tests, helpers to
-find a free port and to read SSE streams."""
+find a free port, start a real ``catengine serve`` subprocess and read SSE streams."""
+import contextlib
 import json
+import os
 import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
 
 import pytest
 
@@ -14,6 +23,39 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serve_subprocess(args: list[str], timeout: float = 240.0):
+    """``catengine serve --host 127.0.0.1 --port P *args`` in a subprocess running this checkout; yields
+    (base URL, log path) once /health answers, raises with the log if it exits or is not up in ``timeout`` s,
+    and terminates it afterwards."""
+    port = free_port()
+    log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+    cmd = [sys.executable, "-m", "catengine.cli", "serve", "--host", "127.0.0.1", "--port", str(port), *args]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    base, deadline = f"http://127.0.0.1:{port}", time.time() + timeout
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError("catengine serve exited:\n" + Path(log.name).read_text())
+            try:
+                if httpx.get(base + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.time() > deadline:
+                raise RuntimeError("catengine serve did not come up:\n" + Path(log.name).read_text())
+            time.sleep(0.5)
+        yield base, Path(log.name)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        os.unlink(log.name)
 
 
 def sse_events(lines) -> list:

@@ -1,17 +1,11 @@
 """The official ``openai`` client against a real ``catengine serve`` subprocess (demo model, CPU)."""
 import json
-import os
-import subprocess
-import sys
-import tempfile
-import time
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from .conftest import MAX_MODEL_LEN, free_port, sse_events
+from .conftest import MAX_MODEL_LEN, serve_subprocess, sse_events
 
 KEY = "test-key-123"
 MODEL = "demo-served"
@@ -23,40 +17,14 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
 
 @pytest.fixture(scope="module")
 def server():
-    port = free_port()
-    log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
     from catengine.tools.demo import demo_model_path
     # the random-weight model with the real Qwen3.5 vocabulary, whose tokenizer the tests use (not the trained demo)
-    cmd = [sys.executable, "-m", "catengine.cli", "serve", "--model", str(demo_model_path()), "--host", "127.0.0.1",
-           "--port", str(port),
-           "--api-key", KEY, "--served-model-name", MODEL, "--max-model-len", str(MAX_MODEL_LEN),
-           "--kv-cache-memory-bytes", str(64 << 20), "--enable-auto-tool-choice", "--tool-call-parser",
-           "qwen3_coder", "--reasoning-parser", "qwen3", "--attention-backend", "FLASH_ATTN_V100",
-           "--trust-remote-code", "--log-level", "info"]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 240
-    try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError("catengine serve exited:\n" + Path(log.name).read_text())
-            try:
-                if httpx.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.time() > deadline:
-                raise RuntimeError("catengine serve did not come up:\n" + Path(log.name).read_text())
-            time.sleep(0.5)
-        yield base, Path(log.name)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        os.unlink(log.name)
+    with serve_subprocess(["--model", str(demo_model_path()), "--api-key", KEY, "--served-model-name", MODEL,
+                           "--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-memory-bytes", str(64 << 20),
+                           "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder", "--reasoning-parser",
+                           "qwen3", "--attention-backend", "FLASH_ATTN_V100", "--trust-remote-code",
+                           "--log-level", "info"]) as (base, log):
+        yield base, log
 
 
 @pytest.fixture(scope="module")

@@ -1,19 +1,12 @@
 """Structured outputs through the openai SDK against ``catengine serve`` (demo model, random weights: the
 grammar is what makes the answers valid), and the forced tool-call grammars of both parsers."""
 import json
-import os
-import subprocess
-import sys
-import tempfile
-import time
-from pathlib import Path
 import re
 
-import httpx
 import openai
 import pytest
 
-from .conftest import MAX_MODEL_LEN, free_port
+from .conftest import MAX_MODEL_LEN, serve_subprocess
 
 MODEL = "demo"
 NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
@@ -22,33 +15,11 @@ NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
 @pytest.fixture(scope="module")
 def client():
     # disable_any_whitespace: random weights would otherwise fill JSON with blank space until max_tokens
-    port = free_port()
-    log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
-    cmd = [sys.executable, "-m", "catengine.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--served-model-name", MODEL, "--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-memory-bytes",
-           str(64 << 20), "--tool-call-parser", "qwen3_coder", "--reasoning-parser", "qwen3", "--log-level", "warning",
-           "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}']
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    base, deadline = f"http://127.0.0.1:{port}", time.time() + 240
-    try:
-        while True:
-            if proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError("catengine serve did not come up:\n" + Path(log.name).read_text())
-            try:
-                if httpx.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+    with serve_subprocess(["--served-model-name", MODEL, "--max-model-len", str(MAX_MODEL_LEN),
+                           "--kv-cache-memory-bytes", str(64 << 20), "--tool-call-parser", "qwen3_coder",
+                           "--reasoning-parser", "qwen3", "--log-level", "warning", "--structured-outputs-config",
+                           '{"backend": "xgrammar", "disable_any_whitespace": true}']) as (base, _):
         yield openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=120)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        os.unlink(log.name)
 
 ALARM = [{"type": "function", "function": {"name": "set_alarm", "parameters": {
     "type": "object", "required": ["hour", "loud"],
