@@ -24,7 +24,8 @@ def test_every_path_close_to_dense_float32():
         env = kw.pop("env", None)
         if name == "dense float32":
             continue
-        kw.update(device="cuda", max_tokens=TOKENS)
+        kw.setdefault("device", "cuda")
+        kw.update(max_tokens=TOKENS)
         r = perplexity_in_subprocess(path, env, **kw) if env else evaluate_path(path, **kw)
         assert r["tokens"] == ref["tokens"]
         assert abs(r["loss"] - ref["loss"]) <= MAX_LOSS_DELTA[name], (name, r, ref)
