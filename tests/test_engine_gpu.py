@@ -8,16 +8,34 @@ from catengine import Engine, SamplingParams
 pytestmark = pytest.mark.gpu
 
 
+# fp16 logprobs move by ~1e-2 nats between batch shapes and chunkings (the trained demo model's prompt 1 of
+# this test has a first token whose top two differ by < 1e-3): identical greedy tokens are only owed where the
+# top two are further apart than that noise
+TIE_NATS = 0.05
+
+
+def assert_same_greedy_up_to_a_tie(a, b):
+    for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids)):
+        (_, l1), (_, l2) = a.logprobs[i].top[:2]
+        if x != y:
+            assert l1 - l2 < TIE_NATS, (i, a.token_ids, b.token_ids, a.logprobs[i].top)
+            return
+        assert abs(a.logprobs[i].logprob - b.logprobs[i].logprob) < TIE_NATS, (i, a.logprobs[i], b.logprobs[i])
+    assert len(a.token_ids) == len(b.token_ids)
+
+
 def test_engine_runs_on_cuda_and_ends_clean():
     engine = Engine(model=None, device="cuda", max_model_len=4096, max_num_seqs=8, max_num_batched_tokens=512,
                     gpu_memory_utilization=0.5)
     plan = engine.memory_plan
     assert plan.kv_capacity_tokens >= 4096
     prompts = [f"Request {i}: " + "tell me a story about GPUs " * (1 + 7 * i) for i in range(12)]
-    outs = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=2)
+    outs = engine.generate(prompts, greedy)
     assert [len(o.token_ids) for o in outs] == [24] * 12
-    again = engine.generate(prompts[:3], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
-    assert [o.token_ids for o in again] == [o.token_ids for o in outs[:3]]  # prefix hits give the same tokens
+    again = engine.generate(prompts[:3], greedy)
+    for a, b in zip(outs[:3], again):  # the second run takes prefix hits (another chunking and batch)
+        assert_same_greedy_up_to_a_tie(a, b)
     assert engine.stats()["prefix_cache_hits"] > 0
     sampled = engine.generate(prompts[:4], SamplingParams(temperature=0.8, top_p=0.9, top_k=50, seed=3,
                                                           max_tokens=16))
