@@ -126,8 +126,9 @@ def project(launches, shape, compiled, cc, chip) -> dict:
             counts = sm.count(instrs, trips)
             if not modelled and counts.loops:
                 notes.append(f"{ln.kernel}: loops without trip counts (counted once)")
+            depth = sm.prefetch_depth(cc, ln.num_stages, bool(res.get("gluon")))
             lm = sm.launch_model(counts, ln.programs, ln.num_warps, chip, reg.dram_bytes(ln, shape),
-                                 sm.registers(instrs), res.get("shared") or 0)
+                                 sm.registers(instrs), res.get("shared") or 0, depth)
             t, res_name = sm.bound_time(lm.throughput)
         except Exception as e:   # one kernel the model cannot take is a note, not the end of the tables
             notes.append(f"{ln.kernel}: {type(e).__name__}: {str(e)[:100]}")
@@ -135,7 +136,8 @@ def project(launches, shape, compiled, cc, chip) -> dict:
         total += t
         models.append((ln.kernel, lm))
         raw.append({"kernel": ln.kernel, "programs": ln.programs, "warps": ln.num_warps, "regs": sm.registers(instrs),
-                    "shared": res.get("shared") or 0, "dram": reg.dram_bytes(ln, shape),
+                    "shared": res.get("shared") or 0, "dram": reg.dram_bytes(ln, shape), "prefetch": depth,
+                    "cc": cc, "stages": ln.num_stages,
                     "counts": dataclasses.asdict(counts)})
         if t > worst[0]:
             worst = (t, res_name, ln.kernel)

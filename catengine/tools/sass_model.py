@@ -23,8 +23,8 @@ roofline leaves out (Hong and Kim's memory-warp-parallelism argument in its simp
 
 - occupancy: the programs an SM holds at once, from registers (read off the SASS), shared memory, warps and the
   chip's program limit; programs beyond that run in later rounds on the same SM;
-- latency: every trip of a top-level loop waits for at least one dependent global load (the kernels prefetch
-  one tile ahead at most), and the prologue and epilogue for one each, so each round of resident programs takes
+- latency: every trip of a top-level loop waits for at least one dependent global load (a pipeline that keeps
+  d tiles in flight: one per d trips), and the prologue and epilogue for one each, so each round of resident programs takes
   ``(trips + 2) x latency`` however few instructions it issues; the latency is the chip's public unloaded figure
   times one loaded-latency factor, the one constant fitted on the H200 (bench/v100_projection.py says on what);
 - L2: the bytes the LDG instructions request (all warps, re-reads included) against the L2's bandwidth;
@@ -299,12 +299,15 @@ def occupancy(chip: Chip, warps: int, regs: int, shared: int) -> int:
     return max(1, min(limits))
 
 
-def latency_bounds(c: Counts, programs: int, warps: int, chip: Chip, regs: int, shared: int) -> dict[str, float]:
+def latency_bounds(c: Counts, programs: int, warps: int, chip: Chip, regs: int, shared: int,
+                   prefetch: int = 1) -> dict[str, float]:
     """Seconds of the two terms a roofline misses, at latency factor 1: ``latency`` (rounds of resident programs,
-    each waiting one global load per loop trip and two outside loops) and ``l2`` (requested bytes)."""
+    each waiting one global load per ``prefetch`` loop trips, the tiles a pipeline keeps in flight, and two
+    outside loops) and ``l2`` (requested bytes)."""
     per_sm = math.ceil(programs / chip.sms)
     rounds = math.ceil(per_sm / occupancy(chip, warps, regs, shared))
-    return {"latency": rounds * (c.iterations + 2) * chip.mem_latency_cycles / chip.clock_hz,
+    waits = c.iterations / max(1, prefetch) + 2
+    return {"latency": rounds * waits * chip.mem_latency_cycles / chip.clock_hz,
             "l2": programs * warps * c.ldg_bytes / chip.l2_bps}
 
 
@@ -323,9 +326,16 @@ class LaunchModel:
 
 
 def launch_model(c: Counts, programs: int, warps: int, chip: Chip, dram_bytes: float, regs: int,
-                 shared: int) -> LaunchModel:
+                 shared: int, prefetch: int = 1) -> LaunchModel:
     return LaunchModel(bounds(c, programs, warps, chip, dram_bytes),
-                       latency_bounds(c, programs, warps, chip, regs, shared), chip.launch_s)
+                       latency_bounds(c, programs, warps, chip, regs, shared, prefetch), chip.launch_s)
+
+
+def prefetch_depth(cc: int, num_stages: int, gluon: bool) -> int:
+    """Loop trips of loads a kernel keeps in flight: Triton's pipeliner issues ``num_stages - 1`` tiles ahead with
+    cp.async / TMA (sm_80+); on sm_70 (no cp.async) it does not pipeline loads, and the Gluon HMMA.884 kernels
+    prefetch one tile into registers by hand."""
+    return max(1, num_stages - 1) if cc >= 80 and not gluon else 1
 
 
 def fit_factor(pairs: list[tuple[list[LaunchModel], float]], lo: float = 0.25, hi: float = 16.0) -> float:
@@ -342,4 +352,4 @@ def fit_factor(pairs: list[tuple[list[LaunchModel], float]], lo: float = 0.25, h
 
 __all__ = ["CLASSES", "Chip", "Counts", "Instr", "LaunchModel", "V100", "bound_time", "bounds", "classify", "count",
            "fit_factor", "h200", "latency_bounds", "launch_model", "ldg_bytes", "loops", "mma_flops", "occupancy",
-           "parse_sass", "registers", "smem_bytes"]
+           "parse_sass", "prefetch_depth", "registers", "smem_bytes"]

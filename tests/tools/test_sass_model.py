@@ -156,3 +156,12 @@ def test_fit_factor_recovers_the_latency_factor():
     assert sm.fit_factor(cases) == pytest.approx(3.0, rel=0.02)
     with pytest.raises(ConfigError):
         sm.fit_factor([])
+
+
+def test_prefetch_depth_divides_the_loop_waits():
+    c = sm.count(sm.parse_sass(SNIPPET)["toy_kernel"], (10,))
+    one = sm.latency_bounds(c, 160, 4, sm.V100, 108, 0)["latency"]
+    three = sm.latency_bounds(c, 160, 4, sm.V100, 108, 0, prefetch=3)["latency"]
+    assert three == pytest.approx(one * (10 / 3 + 2) / 12)
+    assert sm.prefetch_depth(90, 4, False) == 3 and sm.prefetch_depth(90, 4, True) == 1
+    assert sm.prefetch_depth(70, 3, False) == 1 and sm.prefetch_depth(90, 1, False) == 1
