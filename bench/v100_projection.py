@@ -4,7 +4,7 @@
     PYTHONPATH=. python3 bench/v100_projection.py --dry-cpu      # CPU: record + compile + count, no timing
 
 For every op and shape of the registry (bench/v100_kernels.py) the launches are recorded three times: on the
-H200's own sm_90 row (run, then timed with CUDA events), on the sm_70 row as a V100 gets it (HMMA.884 where the
+H200's own sm_90 row (run, then timed: CUDA-graph replays over three input copies), on the sm_70 row as a V100 gets it (HMMA.884 where the
 family has an sm_70 kernel; recorded, not run) and on the sm_70 row without its HMMA kernels (tl.dot, which is
 FMA on sm_70; recorded, not run). Each recorded configuration is compiled ahead of time through
 catengine/kernels/common/aot.py for its architecture, disassembled (Triton's cuobjdump; 3.6's reads sm_70) and
@@ -17,7 +17,7 @@ sm_90 SASS with the H200's rates measured in this run predicts the H200 time; ``
 load's latency under load over its public unloaded figure), on the *model-step* cases only (the shapes of the
 27B and 35B-A3B steps); the per-kernel table's shapes are not in that fit (its calib is held out; a shape that
 is in both is marked), and the step table's calib is in-sample. The launch cost is measured, not fitted (an
-empty kernel timed alone and twice in a row, as the ops are). The HMMA.884 kernels are emulated on the H200
+empty kernel replayed from a CUDA graph, as the ops are). The HMMA.884 kernels are emulated on the H200
 (never timed), so an HMMA row's calibration is that of the family's tl.dot kernel at the same shape. Tables go
 to stdout and to OUT/v100_projection.md (OUT: --out or $OUT).
 """
@@ -83,9 +83,27 @@ def record_case(op_key: str, shape: dict, time_it: bool, bench_ms) -> dict:
     with arch_row(70), reg.fma_path(), recording(run=False) as l70f:
         call()
     out["fma"] = l70f
-    out["ms"] = bench_ms(call) if time_it else None
+    out["ms"], out["timer"] = time_call(op, shape, call, bench_ms) if time_it else (None, None)
     del call
     return out
+
+
+# weight copies a timed case cycles over: the H200's 50 MB L2 holds one 27B gate_up (45 MB of int4), and the
+# model's DRAM bound assumes it does not
+COPIES = 3
+
+
+def time_call(op, shape: dict, call, bench_ms) -> tuple[float, str]:
+    """(ms, how) for one call: replayed from a CUDA graph over COPIES input copies, so that neither the host's
+    launch overhead (the compile workers share its CPU) nor a warm L2 is in the time; with CUDA events around
+    single calls where the op cannot be captured."""
+    from common import graph_ms, rotated
+    calls = [call] + [op.make(dict(shape)) for _ in range(COPIES - 1)]
+    try:
+        return graph_ms(rotated(calls, lambda c: c())), "graph"
+    except Exception:
+        torch.cuda.synchronize()
+        return bench_ms(call), "events"
 
 
 def _case_id(op_key, shape):
@@ -98,13 +116,17 @@ def _empty(x_ptr):
 
 
 def launch_cost_ms(bench_ms) -> tuple[float, float]:
-    """(floor, per launch) in ms: an empty kernel timed alone is the timer's floor plus one launch; timed twice in
-    a row, the difference is what each further launch of an op costs."""
+    """(floor, per launch) in ms, for the ops' own timers: replayed from a CUDA graph, an empty kernel costs one
+    launch and there is no floor (the graph's start is spread over its calls); with CUDA events around single
+    calls, an empty kernel timed alone is the floor plus one launch (``events_floor_ms``)."""
+    from common import graph_ms, rotated
     x = torch.zeros(1, device="cuda")
-    one = bench_ms(lambda: _empty[(1,)](x))
-    two = bench_ms(lambda: (_empty[(1,)](x), _empty[(1,)](x)))
-    per = max(0.0, two - one)
-    return max(0.0, one - per), per
+    return 0.0, graph_ms(rotated([x], lambda t: _empty[(1,)](t)))
+
+
+def events_floor_ms(bench_ms, launch_ms: float) -> float:
+    x = torch.zeros(1, device="cuda")
+    return max(0.0, bench_ms(lambda: _empty[(1,)](x)) - launch_ms)
 
 
 # ---------------------------------------------------------------- the model over recorded launches
@@ -144,6 +166,9 @@ def project(launches, shape, compiled, cc, chip) -> dict:
     return {"s": total, "bound": worst[1], "kernel": worst[2], "notes": notes, "models": models, "raw": raw}
 
 
+FIT_RANGE = (0.25, 16.0)
+
+
 def latency_aware(r: dict, factor: float) -> dict:
     """The latency-aware time of a projected path: each launch's fixed cost plus its largest bound, latency
     scaled by the fitted factor; the binding term of the longest launch."""
@@ -179,7 +204,7 @@ def main():
         reg.DEVICE = "cpu"
         chip90 = sm.h200(989e12, 4.2e12)
         bench_ms = None
-        floor_ms, launch_ms = 0.0, 0.0
+        floor_ms, launch_ms, ev_floor_ms = 0.0, 0.0, 0.0
         header = "CPU dry run: launches recorded on CPU tensors (4 SMs on every row), no H200 timing"
     else:
         from common import bench_ms as _bench, copy_bandwidth_gbs, device_header, matmul_tflops
@@ -187,10 +212,11 @@ def main():
         clock = getattr(props, "clock_rate", 0) * 1e3 or 1.98e9
         bench_ms = lambda fn: _bench(fn, warmup_ms=5, rep_ms=20)   # noqa: E731
         floor_ms, launch_ms = launch_cost_ms(bench_ms)
+        ev_floor_ms = events_floor_ms(bench_ms, launch_ms)
         chip90 = sm.h200(matmul_tflops() * 1e12, copy_bandwidth_gbs() * 1e9, clock, props.multi_processor_count,
                          launch_s=launch_ms * 1e-3)
-        header = (device_header() + f", model clock {clock / 1e9:.2f} GHz, timer floor {floor_ms * 1e3:.1f} us, "
-                  f"launch {launch_ms * 1e3:.1f} us")
+        header = (device_header() + f", model clock {clock / 1e9:.2f} GHz, launch {launch_ms * 1e3:.1f} us in a "
+                  f"graph, events floor {ev_floor_ms * 1e3:.1f} us")
     import triton
     header += f", Triton {triton.__version__}, torch {torch.__version__}"
 
@@ -260,6 +286,8 @@ def main():
             results[cid] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
             continue
         r["ms"] = rec["ms"]
+        r["timer"] = rec["timer"]
+        r["floor_ms"] = ev_floor_ms if rec["timer"] == "events" else floor_ms
         r["hmma_present"] = has_hmma(rec["hmma"], compiled)
         r["calib_roof"] = (r["h200"]["s"] * 1e3 / rec["ms"] - 1) if rec["ms"] else None
         results[cid] = r
@@ -268,16 +296,17 @@ def main():
     # timer's floor (the model's launches carry their own cost)
     kernel_ids = {_case_id(k, s_) for k, s_, kind in cases if kind == "kernel"}
     fit_ids = [cid for cid, r in results.items() if cid not in kernel_ids and "error" not in r and r["ms"]
-               and r["h200"]["models"] and r["ms"] > floor_ms]
-    pairs = [([m for _, m in results[cid]["h200"]["models"]], (results[cid]["ms"] - floor_ms) * 1e-3)
+               and r["h200"]["models"] and r["ms"] > r["floor_ms"]]
+    pairs = [([m for _, m in results[cid]["h200"]["models"]], (results[cid]["ms"] - results[cid]["floor_ms"]) * 1e-3)
              for cid in fit_ids]
-    factor = sm.fit_factor(pairs) if pairs else 1.0
+    factor = sm.fit_factor(pairs, *FIT_RANGE) if pairs else 1.0
+    at_bound = factor <= FIT_RANGE[0] * 1.01 or factor >= FIT_RANGE[1] / 1.01
     for cid, r in results.items():
         if "error" in r:
             continue
         for p in PATHS:
             r[p]["lat"] = latency_aware(r[p], factor)
-        r["h200_lat_s"] = r["h200"]["lat"]["s"] + floor_ms * 1e-3
+        r["h200_lat_s"] = r["h200"]["lat"]["s"] + r["floor_ms"] * 1e-3
         r["calib"] = (r["h200_lat_s"] * 1e3 / r["ms"] - 1) if r["ms"] else None
 
     lines = [f"# V100 projection ({header})", "",
@@ -290,8 +319,10 @@ def main():
              "there and never timed: an HMMA row carries the calibration of its family's tl.dot kernel).",
              f"Fitted: loaded-latency factor {factor:.2f} (x the public unloaded latency: {factor * 480:.0f} "
              f"cycles on the H200, {factor * sm.V100.mem_latency_cycles:.0f} on the V100) on {len(pairs)} model-step "
-             f"cases; measured, not fitted: timer floor {floor_ms * 1e3:.1f} us, launch {launch_ms * 1e3:.1f} us "
-             "(the V100 is given the same launch cost).", ""]
+             f"cases{' (AT THE BOUND OF ITS RANGE: the model form does not fit these cases)' if at_bound else ''}; "
+             f"measured, not fitted: launch {launch_ms * 1e3:.1f} us in a CUDA graph (the V100 is given the same), "
+             f"events floor {ev_floor_ms * 1e3:.1f} us. H200 times: CUDA-graph replays over {COPIES} input copies "
+             "(L2 cold for the weights, no host gaps) unless the notes say 'events'.", ""]
 
     def cell(x, unit=1e6):
         return "-" if x is None else f"{x * unit:,.1f}"
@@ -323,6 +354,8 @@ def main():
         notes = "; ".join(sorted(set(r["fma"]["notes"] + r["hmma"]["notes"] + r["h200"]["notes"])))
         if cid in fit_ids:
             notes = "in the fit set; " + notes
+        if r["timer"] == "events":
+            notes = "events (not capturable); " + notes
         lines.append(f"| {op.name} | {shape['label']} | {cell(r['fma']['lat']['s'])} | {r['fma']['lat']['bound']} | "
                      f"{hcell} | {hbound} | {roof} | {peak} | {cell(r['ms'], 1e3)} | {cell(r['h200_lat_s'])} | "
                      f"{pct(r['calib'])} | {pct(r['calib_roof'])} | {notes} |")
@@ -376,9 +409,13 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     # what the model saw, per case and path, so that a model change can be re-evaluated without a GPU
     with open(os.path.join(args.out, "v100_projection_raw.json"), "w") as f:
-        json.dump({"floor_ms": floor_ms, "launch_ms": launch_ms, "factor": factor, "chip90": dataclasses.asdict(chip90),
+        json.dump({"floor_ms": floor_ms, "events_floor_ms": ev_floor_ms, "launch_ms": launch_ms, "factor": factor,
+                   "chip90": dataclasses.asdict(chip90),
                    "fit_ids": fit_ids, "kernel_ids": sorted(kernel_ids),
-                   "cases": {cid: {"ms": r.get("ms"), "error": r.get("error"),
+                   "cases": {cid: {"ms": r.get("ms"), "error": r.get("error"), "timer": r.get("timer"),
+                                   "floor_ms": r.get("floor_ms"), "hmma_present": r.get("hmma_present"),
+                                   "notes": {p: r[p]["notes"] for p in PATHS if p in r},
+                                   "roof": {p: [r[p]["s"], r[p]["bound"], r[p]["kernel"]] for p in PATHS if p in r},
                                    **{p: r[p]["raw"] for p in PATHS if p in r}} for cid, r in results.items()}}, f)
     with open(os.path.join(args.out, "v100_projection.md"), "w") as f:
         f.write(text + "\n")

@@ -39,6 +39,20 @@ def test_parse_and_classify():
     assert len(ins) == 17 and ins[0].opcode == "IMAD.MOV.U32" and ins[12].pred == "@!P0"
     assert [sm.classify(i.opcode) for i in ins[1:6]] == ["ldg", "sts", "lds", "lds", "hmma"]
     assert sm.classify("HFMA2.MMA") == "hfma2" and sm.classify("LDSM.16.M88.4") == "lds"
+    assert sm.classify("LDGSTS.E.BYPASS.LTC128B.128") == "ldg"
+
+
+def test_wgmma_opcodes_keep_their_shape():
+    """sm_90 SASS spells the warpgroup MMA's shape in lower case; the opcode must keep it to count its flops."""
+    text = """
+		Function : wg_kernel
+        /*0100*/                   HGMMA.64x128x16.F32 R24, gdesc[UR4], R24, gsb0 ;        /* 0x00000000041879f0 */
+        /*0110*/                   LDGSTS.E.BYPASS.LTC128B.128 [R3], desc[UR6][R4.64] ;     /* 0x0000000004037fae */
+"""
+    ins = sm.parse_sass(text)["wg_kernel"]
+    assert ins[0].opcode == "HGMMA.64x128x16.F32" and ins[0].operands.startswith("R24")
+    c = sm.count(ins)
+    assert c.mma_flops == 2 * 64 * 128 * 16 // 4 and c.ldg_bytes == 512 and c.classes["ldg"] == 1
 
 
 def test_loops_skip_the_trap_self_branch():
