@@ -169,6 +169,28 @@ def project(launches, shape, compiled, cc, chip) -> dict:
 FIT_RANGE = (0.25, 16.0)
 
 
+def results_from_raw(raw: dict, chip90, v100) -> dict:
+    """The per-case results of a run, rebuilt from its raw dump with this tree's sass_model (counts as counted
+    then: a parser change needs a new run)."""
+    out = {}
+    for cid, c in raw["cases"].items():
+        if c.get("error") or "h200" not in c:
+            out[cid] = {"error": c.get("error") or "not in the dump"}
+            continue
+        r = {}
+        for p in PATHS:
+            chip = chip90 if p == "h200" else v100
+            models = [(x["kernel"], sm.launch_model(sm.Counts(**x["counts"]), x["programs"], x["warps"], chip,
+                                                    x["dram"], x["regs"], x["shared"], x.get("prefetch", 1)))
+                      for x in c[p]]
+            s_, bound, kernel = c["roof"][p]
+            r[p] = {"s": s_, "bound": bound, "kernel": kernel, "notes": c["notes"][p], "models": models, "raw": c[p]}
+        r.update(ms=c["ms"], timer=c["timer"], floor_ms=c["floor_ms"], hmma_present=c["hmma_present"])
+        r["calib_roof"] = (r["h200"]["s"] * 1e3 / r["ms"] - 1) if r["ms"] else None
+        out[cid] = r
+    return out
+
+
 def latency_aware(r: dict, factor: float) -> dict:
     """The latency-aware time of a projected path: each launch's fixed cost plus its largest bound, latency
     scaled by the fitted factor; the binding term of the longest launch."""
@@ -196,11 +218,20 @@ def main():
     ap.add_argument("--only", default="", help="comma-separated registry ops (w4a16, moe, attn, gdn_chunk, gdn_rec)")
     ap.add_argument("--dry-cpu", action="store_true", help="CPU: record and compile, no timing, no calibration")
     ap.add_argument("--jobs", type=int, default=max(1, min(14, (os.cpu_count() or 2) - 2)))
+    ap.add_argument("--from-raw", default="", help="rebuild the tables from a run's v100_projection_raw.json with "
+                    "this tree's model (no GPU, no compiles; the configuration table is the run's own)")
     args = ap.parse_args()
     t0 = time.time()
     os.environ.pop("TRITON_INTERPRET", None)   # the workers compile; nothing here runs in the interpreter
     dry = args.dry_cpu
-    if dry:
+    raw_in = None
+    if args.from_raw:
+        with open(args.from_raw) as f:
+            raw_in = json.load(f)
+        chip90 = sm.Chip(**raw_in["chip90"])
+        floor_ms, launch_ms, ev_floor_ms = raw_in["floor_ms"], raw_in["launch_ms"], raw_in["events_floor_ms"]
+        header = raw_in.get("header", "a run's raw dump") + f"; tables rebuilt from {os.path.basename(args.from_raw)}"
+    elif dry:
         reg.DEVICE = "cpu"
         chip90 = sm.h200(989e12, 4.2e12)
         bench_ms = None
@@ -217,8 +248,8 @@ def main():
                          launch_s=launch_ms * 1e-3)
         header = (device_header() + f", model clock {clock / 1e9:.2f} GHz, launch {launch_ms * 1e3:.1f} us in a "
                   f"graph, events floor {ev_floor_ms * 1e3:.1f} us")
-    import triton
-    header += f", Triton {triton.__version__}, torch {torch.__version__}"
+    if raw_in is None:
+        header += f", Triton {triton.__version__}, torch {torch.__version__}"
 
     cases = [(k, s, "kernel") for k, s in reg.KERNEL_SHAPES]
     steps = []
@@ -228,69 +259,72 @@ def main():
             for b in (1, 8, 32):
                 steps.append((short, f"decode B={b} ctx 8K", 1 * b, 1, reg.model_step(preset, 1, b, 8192)))
         cases += [(k, s, "step") for *_, rows in steps for k, s, _ in rows]
-    # configurations compile in worker processes while the main process records and times the next cases
-    pool = cf.ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn"))
-    jobs: dict = {}
-
-    def submit(rec):
-        for path in PATHS:
-            for ln in rec.get(path, []):
-                key = config_key(ln, CC[path])
-                if key not in jobs:
-                    jobs[key] = pool.submit(compile_sass, ln.module, ln.aot_config(), CC[path])
-
     if args.only:
         keep = set(args.only.split(","))
         cases = [c for c in cases if c[0] in keep]
         steps = [st for st in steps if all(k in keep for k, _, _ in st[4])]
-    seen, records = {}, {}
-    for op_key, shape, _ in cases:
-        cid = _case_id(op_key, shape)
-        if cid in seen:
-            continue
-        seen[cid] = shape
-        try:
-            time_it = not dry and time.time() - t0 < args.budget_s
-            records[cid] = record_case(op_key, shape, time_it, bench_ms)
-            submit(records[cid])
-        except Exception as e:
-            records[cid] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
-        if not dry:
-            torch.cuda.empty_cache()
-    print(f"recorded {len(records)} cases in {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
-    compiled = {}
-    try:
-        for f in cf.as_completed(list(jobs.values()), timeout=max(1.0, args.deadline_s - (time.time() - t0))):
-            pass
-    except cf.TimeoutError:
-        pass
-    for key, f in jobs.items():
-        compiled[key] = f.result() if f.done() else {"sass": None, "shared": None, "gluon": None,
-                                                     "error": "compile not finished by --deadline-s"}
-    for proc in list(getattr(pool, "_processes", {}).values()):   # workers still compiling past the deadline
-        proc.terminate()
-    pool.shutdown(wait=False, cancel_futures=True)
-    print(f"compiled {sum(1 for r in compiled.values() if r['sass'])} of {len(compiled)} configurations "
-          f"in {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
-
     v100 = dataclasses.replace(sm.V100, launch_s=launch_ms * 1e-3)   # assumed: the H200's launch cost
-    results = {}
-    for cid, rec in records.items():
-        if "error" in rec:
-            results[cid] = {"error": rec["error"]}
-            continue
-        shape = seen[cid]
+    if raw_in is not None:
+        compiled, results = {}, results_from_raw(raw_in, chip90, v100)
+    else:
+        # configurations compile in worker processes while the main process records and times the next cases
+        pool = cf.ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn"))
+        jobs: dict = {}
+
+        def submit(rec):
+            for path in PATHS:
+                for ln in rec.get(path, []):
+                    key = config_key(ln, CC[path])
+                    if key not in jobs:
+                        jobs[key] = pool.submit(compile_sass, ln.module, ln.aot_config(), CC[path])
+
+        seen, records = {}, {}
+        for op_key, shape, _ in cases:
+            cid = _case_id(op_key, shape)
+            if cid in seen:
+                continue
+            seen[cid] = shape
+            try:
+                time_it = not dry and time.time() - t0 < args.budget_s
+                records[cid] = record_case(op_key, shape, time_it, bench_ms)
+                submit(records[cid])
+            except Exception as e:
+                records[cid] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+            if not dry:
+                torch.cuda.empty_cache()
+        print(f"recorded {len(records)} cases in {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+        compiled = {}
         try:
-            r = {p: project(rec[p], shape, compiled, CC[p], chip90 if p == "h200" else v100) for p in PATHS}
-        except Exception as e:
-            results[cid] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
-            continue
-        r["ms"] = rec["ms"]
-        r["timer"] = rec["timer"]
-        r["floor_ms"] = ev_floor_ms if rec["timer"] == "events" else floor_ms
-        r["hmma_present"] = has_hmma(rec["hmma"], compiled)
-        r["calib_roof"] = (r["h200"]["s"] * 1e3 / rec["ms"] - 1) if rec["ms"] else None
-        results[cid] = r
+            for f in cf.as_completed(list(jobs.values()), timeout=max(1.0, args.deadline_s - (time.time() - t0))):
+                pass
+        except cf.TimeoutError:
+            pass
+        for key, f in jobs.items():
+            compiled[key] = f.result() if f.done() else {"sass": None, "shared": None, "gluon": None,
+                                                         "error": "compile not finished by --deadline-s"}
+        for proc in list(getattr(pool, "_processes", {}).values()):   # workers still compiling past the deadline
+            proc.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        print(f"compiled {sum(1 for r in compiled.values() if r['sass'])} of {len(compiled)} configurations "
+              f"in {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+
+        results = {}
+        for cid, rec in records.items():
+            if "error" in rec:
+                results[cid] = {"error": rec["error"]}
+                continue
+            shape = seen[cid]
+            try:
+                r = {p: project(rec[p], shape, compiled, CC[p], chip90 if p == "h200" else v100) for p in PATHS}
+            except Exception as e:
+                results[cid] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+                continue
+            r["ms"] = rec["ms"]
+            r["timer"] = rec["timer"]
+            r["floor_ms"] = ev_floor_ms if rec["timer"] == "events" else floor_ms
+            r["hmma_present"] = has_hmma(rec["hmma"], compiled)
+            r["calib_roof"] = (r["h200"]["s"] * 1e3 / rec["ms"] - 1) if rec["ms"] else None
+            results[cid] = r
 
     # the one fitted constant: on the step cases that are not per-kernel shapes, each measured time less the
     # timer's floor (the model's launches carry their own cost)
@@ -338,14 +372,14 @@ def main():
         if kind != "kernel":
             continue
         cid = _case_id(op_key, shape)
-        r = results[cid]
+        r = results.get(cid, {"error": "not recorded"})
         op = reg.OPS[op_key]
         if "error" in r:
             lines.append(f"| {op.name} | {shape['label']} | error: {r['error']} |||||||||||")
             continue
         hm = r["hmma"]["lat"]
         if r["hmma_present"]:
-            moved = sum(reg.dram_bytes(ln, shape) for ln in records[cid]["hmma"])
+            moved = sum(x["dram"] for x in r["hmma"]["raw"])
             peak = (f"{100 * op.flops(shape) / hm['s'] / 125e12:.0f}% of 125 TFLOP/s, "
                     f"{100 * moved / hm['s'] / 900e9:.0f}% of 900 GB/s")
             hcell, hbound, roof = cell(hm["s"]), f"{hm['bound']} ({hm['kernel']})", cell(r["hmma"]["s"])
@@ -409,7 +443,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     # what the model saw, per case and path, so that a model change can be re-evaluated without a GPU
     with open(os.path.join(args.out, "v100_projection_raw.json"), "w") as f:
-        json.dump({"floor_ms": floor_ms, "events_floor_ms": ev_floor_ms, "launch_ms": launch_ms, "factor": factor,
+        json.dump({"header": header, "floor_ms": floor_ms, "events_floor_ms": ev_floor_ms, "launch_ms": launch_ms, "factor": factor,
                    "chip90": dataclasses.asdict(chip90),
                    "fit_ids": fit_ids, "kernel_ids": sorted(kernel_ids),
                    "cases": {cid: {"ms": r.get("ms"), "error": r.get("error"), "timer": r.get("timer"),
