@@ -39,6 +39,20 @@ def test_parse_and_classify():
     assert len(ins) == 17 and ins[0].opcode == "IMAD.MOV.U32" and ins[12].pred == "@!P0"
     assert [sm.classify(i.opcode) for i in ins[1:6]] == ["ldg", "sts", "lds", "lds", "hmma"]
     assert sm.classify("HFMA2.MMA") == "hfma2" and sm.classify("LDSM.16.M88.4") == "lds"
+    assert sm.classify("LDGSTS.E.BYPASS.LTC128B.128") == "ldg"
+
+
+def test_wgmma_opcodes_keep_their_shape():
+    """sm_90 SASS spells the warpgroup MMA's shape in lower case; the opcode must keep it to count its flops."""
+    text = """
+		Function : wg_kernel
+        /*0100*/                   HGMMA.64x128x16.F32 R24, gdesc[UR4], R24, gsb0 ;        /* 0x00000000041879f0 */
+        /*0110*/                   LDGSTS.E.BYPASS.LTC128B.128 [R3], desc[UR6][R4.64] ;     /* 0x0000000004037fae */
+"""
+    ins = sm.parse_sass(text)["wg_kernel"]
+    assert ins[0].opcode == "HGMMA.64x128x16.F32" and ins[0].operands.startswith("R24")
+    c = sm.count(ins)
+    assert c.mma_flops == 2 * 64 * 128 * 16 // 4 and c.ldg_bytes == 512 and c.classes["ldg"] == 1
 
 
 def test_loops_skip_the_trap_self_branch():
@@ -100,3 +114,68 @@ def test_h200_issues_ffma_at_full_rate():
 def test_bounds_reject_an_empty_launch():
     with pytest.raises(ConfigError):
         sm.bounds(sm.Counts(), 0, 4, sm.V100, 0.0)
+
+
+# ---------------------------------------------------------------- the latency-aware terms
+def test_global_load_bytes_registers_and_iterations():
+    assert sm.ldg_bytes("LDG.E.128.SYS") == 512 and sm.ldg_bytes("LDG.E.U16") == 64 and sm.ldg_bytes("LDG.E") == 128
+    assert sm.ldg_bytes("LDS.U.128") == 0
+    ins = sm.parse_sass(SNIPPET)["toy_kernel"]
+    assert sm.registers(ins) == 108            # R107 is the highest register named
+    c = sm.count(ins, (10,))
+    assert c.iterations == 10 and c.ldg_bytes == 512     # the one LDG is before the loop
+    assert sm.count(ins).iterations == 1
+
+
+def test_occupancy_from_registers_shared_memory_and_warps():
+    # 128 registers x 32 lanes = 4096 per warp: 4 programs of 4 warps fill the 64K registers
+    assert sm.occupancy(sm.V100, 4, 128, 0) == 4
+    assert sm.occupancy(sm.V100, 4, 128, 40 * 1024) == 2      # 96 KB / 40 KB
+    assert sm.occupancy(sm.V100, 4, 0, 0) == 16               # 64 warps
+    assert sm.occupancy(sm.V100, 1, 8, 0) == 32               # the program limit
+    assert sm.occupancy(sm.V100, 8, 255, 0) == 1
+    # 108 registers round up to 112 per lane (256 per warp): 3584 per warp, 4 programs of 4 warps
+    assert sm.occupancy(sm.V100, 4, 108, 0) == 4
+
+
+def test_latency_rounds_and_l2():
+    c = sm.count(sm.parse_sass(SNIPPET)["toy_kernel"], (10,))
+    cyc = 1 / 1.53e9
+    # 160 programs on 80 SMs: 2 per SM, 4 resident -> one round of (10 trips + prologue + epilogue) loads
+    b = sm.latency_bounds(c, 160, 4, sm.V100, 108, 0)
+    assert b["latency"] == pytest.approx(12 * 400 * cyc)
+    assert b["l2"] == pytest.approx(160 * 4 * 512 / 2.1e12)
+    # 800 programs: 10 per SM in rounds of 4 -> 3 rounds
+    assert sm.latency_bounds(c, 800, 4, sm.V100, 108, 0)["latency"] == pytest.approx(3 * 12 * 400 * cyc)
+
+
+def test_launch_model_scales_latency_and_adds_the_launch_cost():
+    c = sm.count(sm.parse_sass(SNIPPET)["toy_kernel"], (10,))
+    chip = sm.V100.__class__(**{**sm.V100.__dict__, "launch_s": 2e-6})
+    lm = sm.launch_model(c, 160, 4, chip, 9e4, 108, 0)
+    lat = 12 * 400 / 1.53e9
+    assert lm.time(1.0) == (pytest.approx(2e-6 + lat), "latency")
+    assert lm.time(3.0)[0] == pytest.approx(2e-6 + 3 * lat)
+    # a factor small enough that shared memory binds again
+    smem = lm.throughput["smem"]
+    assert lm.time(0.01) == (pytest.approx(2e-6 + smem), "smem")
+
+
+def test_fit_factor_recovers_the_latency_factor():
+    c = sm.count(sm.parse_sass(SNIPPET)["toy_kernel"], (10,))
+    cases = []
+    for programs in (80, 800, 8000):
+        ms = [sm.launch_model(c, programs, 4, sm.V100, 1e5, 108, 0)]
+        cases.append((ms, sum(m.time(3.0)[0] for m in ms)))
+    assert sm.fit_factor(cases) == pytest.approx(3.0, rel=0.02)
+    with pytest.raises(ConfigError):
+        sm.fit_factor([])
+
+
+def test_prefetch_depth_divides_the_loop_waits():
+    c = sm.count(sm.parse_sass(SNIPPET)["toy_kernel"], (10,))
+    one = sm.latency_bounds(c, 160, 4, sm.V100, 108, 0)["latency"]
+    three = sm.latency_bounds(c, 160, 4, sm.V100, 108, 0, prefetch=3)["latency"]
+    assert three == pytest.approx(one * (10 / 3 + 2) / 12)
+    assert sm.prefetch_depth(90, 4, False) == 3 and sm.prefetch_depth(90, 4, True) == 1
+    assert sm.prefetch_depth(70, 3, False) == 1 and sm.prefetch_depth(90, 1, False) == 1

@@ -4,8 +4,10 @@ the canonical K-packed layout (packing.py), fp16 activations, groups 32/64/128, 
 The canonical layout is what the B fragment wants: one int32 ``qweight[r, n]`` holds the eight consecutive k
 ``8r .. 8r+7`` of column n, and a lane of the fragment tile holds exactly eight consecutive k of one column per
 k = 8 step. So each step loads one int32 per fragment column from shared memory and dequantises it in registers
-straight into the fragment: nibble i | 0x6400 is the fp16 ``1024 + q``, and subtracting ``1024 + z`` (the zero
-folded into the magic) is exact, so ``w = ((1024 + q) - (1024 + z)) * s`` is rounded once, as in the twin.
+straight into the fragment, two values per instruction (int4_frag.dequant_frag: lop3 with the 0x6400 magic gives
+the half2 ``1024 + q``, subtracting ``1024 + z``, the zero folded into the magic, is exact, and the scale rounds
+once: ``w = ((1024 + q) - (1024 + z)) * s``, as in the twin). That puts k in the order 0 4 1 5 2 6 3 7 in a
+lane's fragment slots, so the x staging is reordered the same way (int4_frag.permute_k) before its shared store.
 
 Contract (as ``gemm.py``'s tl.dot kernel): K a multiple of BK and of the group size G, BK <= G (one scale row per
 k tile). gemm.py's sm_70 row takes it for fp16 at M >= 8 (``hmma_applies``); its GPU tests
@@ -20,19 +22,28 @@ from triton.experimental.gluon import language as gl
 from ...errors import KernelContractError
 from ..common.aot import AotConfig
 from ..common.arch import device_key
-from ..common.int4_frag import code_layout, code_smem_layout, code_stage_layout, index3
+from ..common.int4_frag import code_layout, code_smem_layout, code_stage_layout, dequant_frag, index3, permute_k
 from ..common.mma884 import (Tile884, a_layout, a_smem_shape, acc_rows_cols, b_layout, frag_layout, mma884,
                              pick_tile, smem_layout, stage_index, stage_layout_a)
 from ..common.splitk import REDUCE_BLOCK, splitk_reduce_kernel
 from .packing import QuantizedWeight
 
 
-# (max M, tile): 4 warps, A staging 2 * BK * BM bytes plus BK / 2 * BN of codes (a few KB of the 96 KB)
+# (max M, tile): 4 warps, A staging 2 * BK * BM bytes plus BK / 2 * BN of codes (a few KB of the 96 KB). Decode
+# (M <= 64) is bound by the weight bytes, and every row of BM past M is tensor-core work on zeros that the V100
+# pays at 125 TFLOP/s (BM 64 at M = 8: 91 us of HMMA for 5120 x 17408 against 50 us of DRAM), so BM follows M
+# down to 16, the smallest the quad-pair layout allows (TurboMind's SM70 decode tiles are CTA M 16 / 32 too); one
+# warp row, four warps across N, keeps each warp's A fragment to one or two 8-row blocks.
 SM70_TABLE = (
+    (16, Tile884(16, 128, 32, 1, 4)),
+    (32, Tile884(32, 128, 32, 1, 4)),
     (64, Tile884(64, 128, 32, 2, 2)),
     (None, Tile884(128, 128, 32, 2, 2)),
 )
 MAX_SPLIT_K = 8
+# split K toward this many programs per SM: a 4-warp decode program holds one k tile's loads in flight, and a
+# V100 SM keeps 16 such programs resident (64 warps), so ~4 per SM are what hides a ~500-cycle DRAM latency
+SPLIT_WAVES = 4
 
 
 @gluon.jit
@@ -82,7 +93,7 @@ def w4a16_gemm_sm70_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_pt
     # [BK//8 * BN//8, 2, 4]
     b_q = gl.load(p_q, mask=m_qn & (o_qr * 8 < k_end), other=0)
     for k0 in range(k_begin, k_end, BK):
-        s_a.store(b_a)
+        s_a.store(permute_k(b_a))
         s_q.store(b_q)
         # [NB, 2, 4]: one scale row per k tile (BK <= G); zb = 1024 + z, the magic's offset folded into the zero
         b_s = gl.load(s_ptr + (k0 // G) * N + o_cn, mask=m_cn, other=0.0)
@@ -96,10 +107,9 @@ def w4a16_gemm_sm70_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_pt
         for j in gl.static_range(BK // 8):
             # [MB, 2, 4, 8] in the A fragment map
             f_a = s_a.slice(j * MB, MB).load(a_layout(WM, WN))
-            # [NB, 2, 4, 1] codes -> [NB, 2, 4, 8] fp16 1024 + q, then (1024 + q - (1024 + z)) * s
-            f_q = gl.expand_dims(s_q.slice(j * NB, NB).load(LC), 3)
-            f_v = (((f_q >> (4 * o_i)) & 0xF) | 0x6400).to(gl.int16).to(gl.float16, bitcast=True)
-            f_w = (f_v - b_zb) * b_s
+            # [NB, 2, 4, 1] codes, broadcast to the [NB, 2, 4, 8] slots -> (1024 + q - (1024 + z)) * s
+            f_q, _ = gl.broadcast(gl.expand_dims(s_q.slice(j * NB, NB).load(LC), 3), o_i)
+            f_w = dequant_frag(f_q, b_zb, b_s)
             acc = mma884(acc, gl.expand_dims(f_a, 1), gl.expand_dims(f_w, 0))
 
     rows, cols = acc_rows_cols(BM, BN, WM, WN)
@@ -115,9 +125,13 @@ def w4a16_gemm_sm70_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_pt
 
 
 def pick_split_k(M: int, N: int, K: int, cfg: Tile884, sms: int) -> int:
-    """Split K until about one wave of programs exists (small M x N leaves most of the SMs idle otherwise)."""
+    """Split K toward SPLIT_WAVES programs per SM (small M x N leaves most of the SMs idle, or their DRAM latency
+    exposed, otherwise), rounded so that no split is empty."""
     tiles = -(-M // cfg.BM) * -(-N // cfg.BN)
-    return max(1, min(MAX_SPLIT_K, sms // tiles, K // cfg.BK))
+    n_kb = K // cfg.BK
+    want = max(1, min(MAX_SPLIT_K, -(-SPLIT_WAVES * sms // tiles), n_kb))
+    per = -(-n_kb // want)
+    return -(-n_kb // per)
 
 
 def w4a16_gemm_sm70(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None,

@@ -17,9 +17,10 @@ MODULE = "catengine.kernels.w4a16.gemm_sm70"
 
 @pytest.mark.parametrize("cc", [70, 90])
 def test_gemm_sm70_compiles_to_mma884(cc):
+    from catengine.kernels.w4a16.gemm_sm70 import SM70_TABLE
     results = compile_module(MODULE, cc)
     gemms = [r for r in results if r["kernel"] == "w4a16_gemm_sm70_kernel"]
-    assert len(gemms) == 8 and len(results) == 9
+    assert len(gemms) == 4 * len(SM70_TABLE) and len(results) == len(gemms) + 1
     for r in gemms:
         assert r["gluon"] and r["mma884"], r
     for r in results:
@@ -44,6 +45,10 @@ def test_pick_split_k_fills_one_wave():
     assert pick_split_k(8, 1024, 5120, c, 80) == MAX_SPLIT_K      # 8 tiles on 80 SMs
     assert pick_split_k(4096, 5120, 5120, c, 80) == 1              # thousands of tiles
     assert pick_split_k(8, 128, 64, c, 80) == 2                    # never more splits than k tiles
+    # 27B gate_up at decode: 136 tiles of 16 x 128 -> 3 splits (408 programs, ~4 per SM of 80), none empty
+    d = Tile884(16, 128, 32, 1, 4)
+    assert pick_split_k(8, 17408, 5120, d, 80) == 3
+    assert pick_split_k(8, 5120, 96, d, 80) == 3                     # 3 k tiles: one each, not 8 with 5 empty
 
 
 # ----------------------------------------------------------------------------- GPU
@@ -66,16 +71,29 @@ def _check(y, x, w, bias):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("group", [32, 64, 128])
-@pytest.mark.parametrize("m,k,n,split", [(8, 256, 200, 1), (77, 512, 384, 4), (130, 384, 136, None)],
+@pytest.mark.parametrize("m,k,n,split", [(8, 256, 200, 1), (13, 512, 328, None), (24, 384, 256, 2),
+                                         (50, 256, 136, None), (77, 512, 384, 4), (130, 384, 136, None)],
                          ids=lambda v: str(v))
 def test_gpu_gemm_sm70_matches_twin(group, m, k, n, split):
-    """M and N not multiples of any tile (N 200 = 1.56 tiles of 128), explicit and picked split K."""
+    """Every tile of the table (M 8 and 13: 16 x 128, 24: 32 x 128, 50: 64 x 128, 77 and 130: 128 x 128), M and N
+    not multiples of any tile (N 200 = 1.56 tiles of 128), explicit and picked split K. The lop3 dequantisation
+    reorders k in the B slots and permute_k the x staging: a mismatch between the two is an O(1) error here."""
     from catengine.kernels.w4a16.gemm_sm70 import w4a16_gemm_sm70
     w = make_qweight(k, n, group, torch.float16, device="cuda", seed=group + m)
     gen = torch.Generator(device="cuda").manual_seed(m)
     x = torch.randn(m, k, generator=gen, device="cuda").half()
     bias = torch.randn(n, generator=gen, device="cuda").half() if m != 8 else None
     _check(w4a16_gemm_sm70(x, w, bias, split_k=split), x, w, bias)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [8, 32])
+def test_gpu_gemm_sm70_decode_real_shape(m):
+    """The 27B gate_up's K at decode M on the decode tiles with the picked split (3 at 80 SMs), asymmetric zeros."""
+    from catengine.kernels.w4a16.gemm_sm70 import w4a16_gemm_sm70
+    w = make_qweight(5120, 1024, 128, torch.float16, device="cuda", seed=5 + m)
+    x = torch.randn(m, 5120, generator=torch.Generator(device="cuda").manual_seed(m), device="cuda").half()
+    _check(w4a16_gemm_sm70(x, w), x, w, None)
 
 
 @pytest.mark.gpu
