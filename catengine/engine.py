@@ -68,13 +68,24 @@ class Engine:
         check_dtype_supported(cfg.torch_dtype, device)
         make_current(device)
         self.tokenizer = Tokenizer(cfg.tokenizer or path, chat_template=cfg.chat_template)
-        self.model = load_model(path, dtype=cfg.torch_dtype, device=device, load_mtp=False)
+        self.executor = None
+        if cfg.tensor_parallel_size > 1:   # rank 0 here, the other ranks in their own processes
+            from .distributed.executor import TPExecutor
+            self.executor = TPExecutor(path, cfg, device)
+            self.model = self.executor.model
+        else:
+            self.model = load_model(path, dtype=cfg.torch_dtype, device=device, load_mtp=False)
         self.model_config = model_config
         self.device = device
         self.eos_token_ids = tuple(sorted(set(self.tokenizer.eos_token_ids) | set(model_config.eos_token_ids)))
         self.vocab_size = model_config.vocab_size
         # the runner starts the device (profile, memory plan, caches, warm-up, graphs); the rest follows its plan
-        self.runner = ModelRunner(self.model, cfg, eos_token_ids=self.eos_token_ids)
+        try:
+            self.runner = ModelRunner(self.model, cfg, eos_token_ids=self.eos_token_ids)
+        except BaseException:
+            if self.executor is not None:
+                self.executor.shutdown()
+            raise
         plan = self.runner.memory_plan
         self.config = dataclasses.replace(cfg, max_model_len=plan.max_model_len)
         self.scheduler = Scheduler(SchedulerConfig(
@@ -365,6 +376,8 @@ class Engine:
         self._touched.clear()
         self.runner.close()
         self.model = None
+        if self.executor is not None:   # stops every rank > 0
+            self.executor.shutdown()
 
 
 def plural(n: int, word: str) -> str:
