@@ -60,6 +60,8 @@ def run(spec: DistSpec) -> None:
     device = rank_device(torch.device(init["device"]), spec.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    else:   # the ranks of one host share its cores (rank 0 keeps its own setting)
+        torch.set_num_threads(max(1, min(torch.get_num_threads(), (os.cpu_count() or 1) // spec.world_size)))
     chan.reply(seq, "joined")   # rank 0 waits for this (watching the processes) before the group forms
     group = make_group(store, spec.rank, spec.world_size, device)
     from ..models import load_model
