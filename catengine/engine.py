@@ -54,6 +54,7 @@ class Engine:
 
     # ------------------------------------------------------------------ construction
     def _build(self, config: EngineConfig) -> None:
+        from .distributed.executor import TPExecutor
         from .models import ModelConfig, load_model
 
         device = resolve_device(config.device)
@@ -68,13 +69,10 @@ class Engine:
         check_dtype_supported(cfg.torch_dtype, device)
         make_current(device)
         self.tokenizer = Tokenizer(cfg.tokenizer or path, chat_template=cfg.chat_template)
-        self.executor = None
-        if cfg.tensor_parallel_size > 1:   # rank 0 here, the other ranks in their own processes
-            from .distributed.executor import TPExecutor
-            self.executor = TPExecutor(path, cfg, device)
-            self.model = self.executor.model
-        else:
-            self.model = load_model(path, dtype=cfg.torch_dtype, device=device, load_mtp=False)
+        # TP > 1: rank 0 here (the executor's RemoteModel), the other ranks in their own processes
+        self.executor = TPExecutor(path, cfg, device) if cfg.tensor_parallel_size > 1 else None
+        self.model = self.executor.model if self.executor is not None else \
+            load_model(path, dtype=cfg.torch_dtype, device=device, load_mtp=False)
         self.model_config = model_config
         self.device = device
         self.eos_token_ids = tuple(sorted(set(self.tokenizer.eos_token_ids) | set(model_config.eos_token_ids)))
