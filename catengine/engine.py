@@ -99,7 +99,8 @@ class Engine:
         self._finish_reasons = Counter()
         self._grammars = None    # the structured-outputs backend, built on the first request that needs it
         self._grammars_lock = threading.Lock()
-        log.info("catengine: %s on %s (%s, KV %s); %s", path, device, cfg.dtype, cfg.kv_cache_dtype, plan.describe())
+        log.info("catengine: %s on %s (%s, KV %s); %s%s", path, device, cfg.dtype, cfg.kv_cache_dtype, plan.describe(),
+                 f" (each of {cfg.tensor_parallel_size} ranks)" if cfg.tensor_parallel_size > 1 else "")
         log.info("%s", capacity_line(plan, cfg.max_num_seqs, self.runner.graphs.max_batch if self.runner.graphs
                                      else None))
 

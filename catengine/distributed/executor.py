@@ -99,12 +99,14 @@ class TPExecutor:
                      r["read_bytes"] / 1e6, r["peak_rss_bytes"] / 1e6)
 
     # ------------------------------------------------------------------ liveness
-    def check_alive(self) -> None:
+    def check_alive(self, wait_s: float = 0.0) -> None:
+        """EngineDead when the engine is dead or a spawned worker has exited (waiting up to ``wait_s`` for
+        one to: after a failed collective the peer's exit may trail its closed sockets by a moment)."""
         if self.dead is not None:
             raise EngineDead(self.dead)
         if not self.procs:
             return
-        gone = multiprocessing.connection.wait([p.sentinel for p in self.procs], timeout=0)
+        gone = multiprocessing.connection.wait([p.sentinel for p in self.procs], timeout=wait_s)
         if gone:
             p = next(p for p in self.procs if p.sentinel in gone)
             self.fail(f"tensor-parallel worker {p.name} exited (exit code {p.exitcode})")
@@ -131,7 +133,7 @@ class TPExecutor:
         except EngineDead:
             raise
         except Exception as e:  # noqa: BLE001 (gloo/NCCL raise RuntimeError subclasses on a lost peer)
-            self.check_alive()
+            self.check_alive(wait_s=1.0)
             self.fail(f"a tensor-parallel collective failed ({type(e).__name__}: {e})")
         self.chan.trim(seq)
         return out

@@ -103,6 +103,7 @@ def test_killed_worker_ends_engine_promptly(ckpts):
     procs = list(engine.executor.procs)
     assert len(procs) == 3 and all(p.is_alive() for p in procs)
     os.kill(procs[1].pid, signal.SIGKILL)
+    procs[1].join(10)
     t0 = time.monotonic()
     with pytest.raises(EngineDead, match="worker catengine-tp2 exited"):
         run(engine)
@@ -110,7 +111,7 @@ def test_killed_worker_ends_engine_promptly(ckpts):
         run(engine)
     for p in procs:
         p.join(10)
-    assert time.monotonic() - t0 < 15
+    assert time.monotonic() - t0 < 10
     assert not any(p.is_alive() for p in procs), "a worker outlived the failure"
     engine.close()
     assert not engine.has_unfinished()
@@ -122,11 +123,11 @@ def test_killed_worker_mid_step_is_engine_dead(ckpts):
     engine = Engine(str(path), tensor_parallel_size=2, **SMALL)
     proc = engine.executor.procs[0]
     check = engine.executor.check_alive
-    engine.executor.check_alive = lambda: None   # let the step start although the worker is gone
+    engine.executor.check_alive = lambda wait_s=0.0: None   # let the step start although the worker is gone
     os.kill(proc.pid, signal.SIGKILL)
     proc.join(10)
     t0 = time.monotonic()
-    with pytest.raises(EngineDead):
+    with pytest.raises(EngineDead, match="collective failed"):
         run(engine)
     assert time.monotonic() - t0 < 30
     engine.executor.check_alive = check
