@@ -50,14 +50,29 @@ def test_kv_heads_are_replicated_when_fewer_than_ranks(ckpts):
             for r in range(4)] == starts
 
 
-def test_quantized_cut_inside_a_group_is_a_config_error(ckpts):
-    src = tiny_checkpoint(ckpts, moe=True)
+@pytest.fixture(scope="module")
+def awq_g16(ckpts):
     dst = ckpts / "moe-awq-g16"
-    quantize_checkpoint(src, dst, "awq", group_size=16, progress=False)
+    quantize_checkpoint(tiny_checkpoint(ckpts, moe=True), dst, "awq", group_size=16, progress=False)
+    return dst
+
+
+def test_quantized_cut_inside_a_group_is_a_config_error(awq_g16):
+    dst = awq_g16
     # TP4 gives each rank 8 of the experts' 32 intermediate rows: down_proj's input splits inside a group of 16
     with pytest.raises(ConfigError, match=r"experts.*inside a quantization group of 16.*smaller tensor_parallel_size"):
         load_model(dst, tp=TPGroup(1, 4), progress=False)
     load_model(dst, tp=TPGroup(1, 2), progress=False)   # 16 rows per rank: whole groups
+
+
+def test_engine_start_with_a_bad_cut_raises_it_and_stops_the_workers(awq_g16):
+    import multiprocessing
+
+    from catengine import Engine
+
+    with pytest.raises(ConfigError, match="inside a quantization group of 16"):
+        Engine(str(awq_g16), device="cpu", tensor_parallel_size=4, num_kv_blocks=16, max_model_len=64)
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("catengine-tp")]
 
 
 @pytest.mark.parametrize("quant", [None, "awq", "compressed-tensors"])
