@@ -53,7 +53,11 @@ def _stop(procs: list, grace_s: float = 5.0) -> None:
 class TPExecutor:
     def __init__(self, path: Path, config, device: torch.device, *, load_mtp: bool = False):
         """``config``: the resolved EngineConfig (tensor_parallel_size, distributed_executor_backend, dtype)."""
+        from ..models import ModelConfig
+        from ..models.sharding import check_tp_size
+
         n = config.tensor_parallel_size
+        check_tp_size(ModelConfig.from_pretrained(path), n)   # before any process starts
         self.world_size, self.procs, self.dead = n, [], None
         self._next_cache, self._freed = 0, []
         if device.type == "cuda" and torch.cuda.device_count() < n:

@@ -39,6 +39,9 @@ def test_sizes_that_do_not_split_name_the_dimension_and_a_size_that_works(ckpts)
         EngineConfig(tensor_parallel_size=3).validate()
     with pytest.raises(ConfigError, match="distributed_executor_backend 'ray'"):
         EngineConfig(distributed_executor_backend="ray").validate()
+    from catengine import Engine
+    with pytest.raises(ConfigError, match="tensor_parallel_size 8 does not split this model"):
+        Engine(str(tiny_checkpoint(ckpts)), device="cpu", tensor_parallel_size=8)
 
 
 def test_kv_heads_are_replicated_when_fewer_than_ranks(ckpts):
