@@ -107,7 +107,19 @@ def run(spec: DistSpec) -> None:
 def report(model) -> dict:
     """What this rank read and holds (tests and the start-up log)."""
     return {"reads": model.load_reads, "read_bytes": sum(r[-1] for r in model.load_reads),
-            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+            "peak_rss_bytes": peak_rss_bytes()}
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set (VmHWM). Not ru_maxrss: Linux carries that across fork and exec,
+    so a spawned worker would report its parent's peak."""
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def main() -> int:
