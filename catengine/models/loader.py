@@ -34,7 +34,7 @@ from safetensors import safe_open
 from ..errors import ModelLoadError
 from ..kernels.w4a16.packing import QuantizedWeight
 from .model_config import ModelConfig
-from .shard_read import Shard, _Slicer, _read_slice
+from .shard_read import Shard, Slicer, read_slice
 from .quant_formats import QUANT_PARTS, awq_to_canonical, ct_to_canonical, matches_skip, module_format
 
 log = logging.getLogger(__name__)
@@ -256,13 +256,13 @@ def iter_checkpoint(path: str | Path, config: ModelConfig, *, device="cpu", dtyp
     plan = _plan(path, config)
     device = torch.device(device)
     parts: dict[str, dict[str, torch.Tensor]] = {}
-    slicer = _Slicer(plan, shard) if shard is not None else None
+    slicer = Slicer(plan, shard) if shard is not None else None
     with _Progress(plan.tensors, progress) as bar:
         for file, infos in itertools.groupby(plan.tensors, key=lambda t: t.file):
             with _open_safetensors(file) as f:
                 for info in infos:
                     cut = slicer.cut(info) if slicer is not None else None
-                    tensor = (_read_slice(f, info, cut) if cut is not None else f.get_tensor(info.name)).to(device)
+                    tensor = (read_slice(f, info, cut) if cut is not None else f.get_tensor(info.name)).to(device)
                     if slicer is not None:
                         tensor = slicer.fix(info, tensor)
                     if reads is not None:

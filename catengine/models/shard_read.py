@@ -35,7 +35,7 @@ _QUANT_CUTS = {
 }
 
 
-def _read_slice(f, info, cut: tuple[int, tuple[tuple[int, int], ...]]) -> torch.Tensor:
+def read_slice(f, info, cut: tuple[int, tuple[tuple[int, int], ...]]) -> torch.Tensor:
     """Only ``cut``'s ranges of tensor ``info`` from the open safetensors file ``f``, concatenated."""
     dim, ranges = cut
     view = f.get_slice(info.name)
@@ -47,7 +47,7 @@ def _read_slice(f, info, cut: tuple[int, tuple[tuple[int, int], ...]]) -> torch.
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim)
 
 
-class _Slicer:
+class Slicer:
     """Stored tensor -> the (dim, ranges) this rank reads, from the layout's logical shards."""
 
     def __init__(self, plan, shard):
@@ -105,4 +105,4 @@ class _Slicer:
         return tensor
 
 
-__all__ = ["Shard", "_Slicer", "_read_slice"]
+__all__ = ["Shard", "Slicer", "read_slice"]
