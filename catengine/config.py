@@ -26,6 +26,7 @@ DTYPES = {"float16": torch.float16, "half": torch.float16, "fp16": torch.float16
 CPU_KV_CACHE_BYTES = 256 << 20   # default KV + state budget on CPU
 DEFAULT_MAX_NUM_SEQS = {"cuda": 256, "cpu": 64}
 DEFAULT_MAX_BATCHED_TOKENS = {"cuda": 8192, "cpu": 2048}
+DISTRIBUTED_BACKENDS = ("mp", "external_launcher")
 
 
 def _help(text: str, default=None, **kw):
@@ -63,6 +64,13 @@ class EngineConfig:
     structured_outputs_backend: str = _help("grammar backend of structured outputs: auto or xgrammar", "auto")
     structured_outputs_disable_any_whitespace: bool = _help("JSON structured outputs without free whitespace "
                                                             "(vLLM's disable_any_whitespace, server-wide)", False)
+    tensor_parallel_size: int = _help("ranks (one process and one GPU each) that split every layer's heads and "
+                                      "widths: 1, 2, 4 or 8; on CPU the ranks talk over gloo", 1)
+    distributed_executor_backend: str = _help("how the ranks > 0 start: mp (spawned by the engine) or "
+                                              "external_launcher (started by torchrun or a cluster launcher with "
+                                              "MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE, running "
+                                              "'python -m catengine.distributed.worker'; the engine is RANK 0)",
+                                              "mp")
     cuda_graph_sizes: tuple[int, ...] | None = _help("decode batch sizes to capture CUDA graphs for (those above "
                                                      "max_num_seqs are dropped); None: 1, 2, 4, 8, 16, 24, ... up to "
                                                      "min(max_num_seqs, 256)")
@@ -103,6 +111,12 @@ class EngineConfig:
         if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or r < 0:
             raise ConfigError(f"kv_cache_auto_trim_ratio must be a number >= 0 (0 disables trimming), got {r!r}")
         _int(self, "seed")
+        _int(self, "tensor_parallel_size")
+        if self.tensor_parallel_size not in (1, 2, 4, 8):
+            raise ConfigError(f"tensor_parallel_size must be 1, 2, 4 or 8, got {self.tensor_parallel_size}")
+        if self.distributed_executor_backend not in DISTRIBUTED_BACKENDS:
+            raise ConfigError(f"distributed_executor_backend {self.distributed_executor_backend!r} is not supported; "
+                              f"use {' or '.join(DISTRIBUTED_BACKENDS)}")
         from .structured.backend import check_backend
         check_backend(self.structured_outputs_backend)
         sizes = self.cuda_graph_sizes

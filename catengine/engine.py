@@ -54,6 +54,7 @@ class Engine:
 
     # ------------------------------------------------------------------ construction
     def _build(self, config: EngineConfig) -> None:
+        from .distributed.executor import TPExecutor
         from .models import ModelConfig, load_model
 
         device = resolve_device(config.device)
@@ -68,13 +69,21 @@ class Engine:
         check_dtype_supported(cfg.torch_dtype, device)
         make_current(device)
         self.tokenizer = Tokenizer(cfg.tokenizer or path, chat_template=cfg.chat_template)
-        self.model = load_model(path, dtype=cfg.torch_dtype, device=device, load_mtp=False)
+        # TP > 1: rank 0 here (the executor's RemoteModel), the other ranks in their own processes
+        self.executor = TPExecutor(path, cfg, device) if cfg.tensor_parallel_size > 1 else None
+        self.model = self.executor.model if self.executor is not None else \
+            load_model(path, dtype=cfg.torch_dtype, device=device, load_mtp=False)
         self.model_config = model_config
         self.device = device
         self.eos_token_ids = tuple(sorted(set(self.tokenizer.eos_token_ids) | set(model_config.eos_token_ids)))
         self.vocab_size = model_config.vocab_size
         # the runner starts the device (profile, memory plan, caches, warm-up, graphs); the rest follows its plan
-        self.runner = ModelRunner(self.model, cfg, eos_token_ids=self.eos_token_ids)
+        try:
+            self.runner = ModelRunner(self.model, cfg, eos_token_ids=self.eos_token_ids)
+        except BaseException:
+            if self.executor is not None:
+                self.executor.shutdown()
+            raise
         plan = self.runner.memory_plan
         self.config = dataclasses.replace(cfg, max_model_len=plan.max_model_len)
         self.scheduler = Scheduler(SchedulerConfig(
@@ -90,7 +99,8 @@ class Engine:
         self._finish_reasons = Counter()
         self._grammars = None    # the structured-outputs backend, built on the first request that needs it
         self._grammars_lock = threading.Lock()
-        log.info("catengine: %s on %s (%s, KV %s); %s", path, device, cfg.dtype, cfg.kv_cache_dtype, plan.describe())
+        log.info("catengine: %s on %s (%s, KV %s); %s%s", path, device, cfg.dtype, cfg.kv_cache_dtype, plan.describe(),
+                 f" (each of {cfg.tensor_parallel_size} ranks)" if cfg.tensor_parallel_size > 1 else "")
         log.info("%s", capacity_line(plan, cfg.max_num_seqs, self.runner.graphs.max_batch if self.runner.graphs
                                      else None))
 
@@ -365,6 +375,8 @@ class Engine:
         self._touched.clear()
         self.runner.close()
         self.model = None
+        if self.executor is not None:   # stops every rank > 0
+            self.executor.shutdown()
 
 
 def plural(n: int, word: str) -> str:

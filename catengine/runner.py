@@ -30,7 +30,7 @@ import torch
 from .config import EngineConfig
 from .cuda_graphs import DecodeGraphs, capture_sizes
 from .memory import MemoryPlan, cuda_cache_budget, plan_memory
-from .models.batch import AttentionCache, BatchMetadata, ModelCaches
+from .models.batch import BatchMetadata, ModelCaches
 from .kernels import ops
 from .logprobs import prompt_logprobs
 from .sample_rows import SampleRows, penalty_views, sample_rows
@@ -85,7 +85,9 @@ class ModelRunner:
         self.caches = self._allocate(plan.num_blocks, plan.num_state_slots, block_size=plan.block_size)
         if self.device.type == "cuda":
             log.info("warm-up (kernel compilation on a cold cache) took %.1f s", self.warm_up())
-            if not config.enforce_eager:
+            if config.tensor_parallel_size > 1:   # the graphs would record rank 0's launches only
+                log.info("decode CUDA graphs are not captured with tensor_parallel_size > 1 yet; running eagerly")
+            elif not config.enforce_eager:
                 self.enable_decode_graphs()
 
     # ------------------------------------------------------------------ start-up
@@ -148,7 +150,8 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
         if out.is_empty:
             return RunnerOutput([], [])
-        self._copy_blocks(out.block_copies)
+        if out.block_copies:
+            self.caches.copy_blocks(out.block_copies)
         for src, dst in out.state_copies:   # in order: a restore may target a slot a fork copy reads first
             self.caches.copy_state_slot(src, dst)
         t0 = time.perf_counter()
@@ -171,17 +174,6 @@ class ModelRunner:
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: BatchMetadata) -> torch.Tensor:
         """The eager model call (prefill, mixed and large batches; every step with ``enforce_eager``)."""
         return self.model(input_ids, positions, batch, self.caches)
-
-    def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
-        if not copies:
-            return
-        src = torch.tensor([s for s, _ in copies], dtype=torch.int64, device=self.device)
-        dst = torch.tensor([d for _, d in copies], dtype=torch.int64, device=self.device)
-        for layer in self.caches.layers:
-            if not isinstance(layer, AttentionCache):
-                continue
-            layer.k[dst] = layer.k[src]
-            layer.v[dst] = layer.v[src]
 
     # ------------------------------------------------------------------ batch building
     def host_batch(self, out: SchedulerOutput) -> tuple[dict[str, torch.Tensor], BatchShape]:

@@ -58,7 +58,11 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enforce-eager", action="store_true", help="never use CUDA graphs for decode steps")
     p.add_argument("--seed", type=int, default=0, help="seed of the per-request seeds")
     p.add_argument("--chat-template", default=None, help="a .jinja file or template text overriding the model's")
-    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, help="only 1 is supported for now")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                   help="ranks (one GPU each; gloo ranks on CPU) splitting every layer: 1, 2, 4 or 8")
+    p.add_argument("--distributed-executor-backend", default="mp", choices=("mp", "external_launcher"),
+                   help="mp: the engine spawns the ranks; external_launcher: torchrun-style env vars, the other "
+                        "ranks run 'python -m catengine.distributed.worker'")
     p.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1, help="only 1 is supported")
     p.add_argument("--data-parallel-size", "-dp", type=int, default=1, help="only 1 is supported")
     serve_flags.add_engine_compat_arguments(p)
@@ -85,7 +89,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
     """EngineConfig fields from the parsed flags; ConfigError for what cannot be honoured."""
-    for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+    for name in ("pipeline_parallel_size", "data_parallel_size"):
         if getattr(args, name) != 1:
             flag = "--" + name.replace("_", "-")
             raise ConfigError(f"{flag} {getattr(args, name)} is not supported yet: catengine runs one GPU per "
@@ -100,7 +104,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                 gpu_memory_utilization=args.gpu_memory_utilization, kv_cache_memory_bytes=args.kv_cache_memory_bytes,
                 kv_cache_auto_trim_ratio=args.kv_cache_auto_trim_ratio, num_state_snapshots=args.num_state_snapshots,
                 num_kv_blocks=args.num_kv_blocks, seed=args.seed, enforce_eager=args.enforce_eager,
-                **serve_flags.engine_compat_kwargs(args))
+                tensor_parallel_size=args.tensor_parallel_size,
+                distributed_executor_backend=args.distributed_executor_backend, **serve_flags.engine_compat_kwargs(args))
 
 
 def log_ignored(args: argparse.Namespace) -> None:

@@ -8,7 +8,8 @@ Users paste vLLM command lines after ``catengine serve``; every flag of those li
 - **logged and ignored**: the flag only tunes vLLM's internals (attention backend, swap space, partial
   prefills, ...), so it changes nothing a client sees here; one warning line per flag at start;
 - **refused** with a ConfigError naming the flag and why, where catengine lacks the feature and ignoring it
-  would change what the user gets: expert parallelism (one GPU per process), a non-fp32 GDN state dtype.
+  would change what the user gets: expert parallelism (tensor parallelism splits every expert instead), a
+  non-fp32 GDN state dtype.
 
 Speculative decoding (``--speculative-config``, ``--num-speculative-tokens``) is refused too, after its JSON
 is parsed and checked: MTP does not exist yet (issue 20). It would not change the tokens, only the speed,
@@ -30,7 +31,7 @@ from ..errors import ConfigError
 log = logging.getLogger("catengine.server")
 
 # vLLM flags that tune vLLM internals: accepted (with or without a value) and logged as ignored.
-IGNORED_WITH_VALUE = ("--attention-backend", "--swap-space", "--distributed-executor-backend", "--load-format",
+IGNORED_WITH_VALUE = ("--attention-backend", "--swap-space", "--load-format",
                       "--download-dir", "--revision", "--tokenizer-mode", "--max-seq-len-to-capture",
                       "--compilation-config", "--max-log-len", "--uvicorn-log-level", "--quantization",
                       "--max-logprobs", "--cpu-offload-gb", "--scheduling-policy", "--tokenizer-pool-size",
@@ -77,7 +78,7 @@ def add_engine_compat_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-speculative-tokens", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--mamba-ssm-cache-dtype", "--mamba-cache-dtype", dest="mamba_ssm_cache_dtype", default="auto",
                    help="GDN recurrent state dtype: auto or float32 (what catengine keeps)")
-    p.add_argument("--enable-expert-parallel", action="store_true", help="refused: needs several GPUs")
+    p.add_argument("--enable-expert-parallel", action="store_true", help="refused: not implemented; --tensor-parallel-size splits every expert instead")
     p.add_argument("--language-model-only", action="store_true",
                    help="accepted: catengine serves only the language model")
     p.add_argument("--structured-outputs-config", default=None,
@@ -122,8 +123,9 @@ def add_server_compat_arguments(p: argparse.ArgumentParser) -> None:
 def engine_compat_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """EngineConfig fields from these flags; ConfigError for the flags catengine refuses."""
     if getattr(args, "enable_expert_parallel", False):
-        raise ConfigError("--enable-expert-parallel spreads MoE experts over several GPUs; catengine runs one GPU "
-                          "per process (no tensor/expert parallelism yet): drop the flag")
+        raise ConfigError("--enable-expert-parallel (whole experts per GPU) is not implemented: catengine's "
+                          "--tensor-parallel-size splits every expert's intermediate dimension over the GPUs instead; "
+                          "drop the flag")
     dtype = str(getattr(args, "mamba_ssm_cache_dtype", "auto")).lower()
     if dtype not in ("auto", "float32", "fp32"):
         raise ConfigError(f"--mamba-ssm-cache-dtype {dtype}: catengine keeps the Gated DeltaNet recurrent state in "

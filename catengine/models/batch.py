@@ -93,6 +93,20 @@ class ModelCaches:
     block_size: int
     num_state_slots: int
 
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy KV blocks ``src -> dst`` in every attention layer (copy-on-write of a shared last block)."""
+        if not copies:
+            return
+        device = next((layer.k.device for layer in self.layers if isinstance(layer, AttentionCache)), None)
+        if device is None:
+            return
+        src = torch.tensor([s for s, _ in copies], dtype=torch.int64, device=device)
+        dst = torch.tensor([d for _, d in copies], dtype=torch.int64, device=device)
+        for layer in self.layers:
+            if isinstance(layer, AttentionCache):
+                layer.k[dst] = layer.k[src]
+                layer.v[dst] = layer.v[src]
+
     def copy_state_slot(self, src: int, dst: int) -> None:
         """Copy every GDN layer's conv and recurrent state from slot ``src`` to slot ``dst`` (prefix-cache
         snapshots and speculative rollback)."""

@@ -12,6 +12,7 @@ from ..kernels import ops
 from .batch import AttentionCache, BatchMetadata, GDNStateCache
 from .model_config import ModelConfig
 from .linear import Linear, MergedLinear, WeightSlots
+from .sharding import TPLayout
 
 
 def residual_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -43,8 +44,9 @@ class Norm:
 class Attention:
     """Gated full attention: q (with a per-head output gate) / k / v, q/k norm, partial RoPE, paged KV."""
 
-    def __init__(self, cfg: ModelConfig, rope_cache: torch.Tensor):
-        self.nh, self.nkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    def __init__(self, cfg: ModelConfig, rope_cache: torch.Tensor, tp: TPLayout):
+        # this rank's heads (all of them at TP1): o_proj is row-parallel, the decoder layer all-reduces
+        self.nh, self.nkv, self.d = tp.nh, tp.nkv, cfg.head_dim
         self.eps = cfg.rms_norm_eps
         self.scale = self.d ** -0.5
         self.rope_cache = rope_cache
@@ -77,12 +79,13 @@ class Attention:
 class GatedDeltaNet:
     """Linear attention layer: causal conv + gated delta rule with per-sequence state slots."""
 
-    def __init__(self, cfg: ModelConfig):
-        self.hk, self.hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+    def __init__(self, cfg: ModelConfig, tp: TPLayout):
+        # this rank's heads: value head j still reads key head j // (hv / hk) after the split
+        self.hk, self.hv = tp.hk, tp.hv
         self.dk, self.dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
-        self.key_dim, self.value_dim = cfg.linear_key_dim, cfg.linear_value_dim
+        self.key_dim, self.value_dim = self.hk * self.dk, self.hv * self.dv
         self.eps = cfg.rms_norm_eps
-        self.in_proj_qkvz = MergedLinear(cfg.hidden_size, [cfg.conv_dim, self.value_dim])
+        self.in_proj_qkvz = MergedLinear(cfg.hidden_size, [tp.conv_dim, self.value_dim])
         self.in_proj_ba = MergedLinear(cfg.hidden_size, [self.hv, self.hv])
         self.out_proj = Linear(self.value_dim, cfg.hidden_size)
         self.conv_weight = self.A_log = self.dt_bias = self.norm_weight = None
@@ -142,12 +145,14 @@ class MLP:
 class SparseMoE:
     """Top-k routed experts plus a sigmoid-gated shared expert."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, tp: TPLayout):
+        # every rank routes all tokens (the router is replicated) through its slice of every expert's
+        # intermediate dim; the partial sums meet in the decoder layer's all-reduce
         self.top_k, self.renormalize = cfg.num_experts_per_tok, cfg.norm_topk_prob
         self.num_experts = cfg.num_experts
         self.router_weight = self.w13 = self.w2 = self.shared_gate_weight = None
         self._merged = None   # router + shared gate rows, see _router_and_gate
-        self.shared_expert = MLP(cfg.hidden_size, cfg.shared_expert_intermediate_size) \
+        self.shared_expert = MLP(cfg.hidden_size, cfg.shared_expert_intermediate_size // tp.size) \
             if cfg.shared_expert_intermediate_size else None
 
     def register(self, slots: WeightSlots, prefix: str) -> None:
@@ -191,12 +196,14 @@ class SparseMoE:
 class DecoderLayer:
     """x += mixer(norm1(x)); x += mlp(norm2(x)); the residual add is fused into the next norm."""
 
-    def __init__(self, cfg: ModelConfig, layer_type: str, rope_cache: torch.Tensor):
-        self.layer_type = layer_type
+    def __init__(self, cfg: ModelConfig, layer_type: str, rope_cache: torch.Tensor, tp: TPLayout, group):
+        """``tp``: this rank's share of the heads and widths; ``group``: the TPGroup whose all-reduce
+        sums the row-parallel outputs (two per layer; no-ops at TP1)."""
+        self.layer_type, self.group = layer_type, group
         self.input_layernorm = Norm(cfg.rms_norm_eps)
         self.post_attention_layernorm = Norm(cfg.rms_norm_eps)
-        self.mixer = Attention(cfg, rope_cache) if layer_type == "full_attention" else GatedDeltaNet(cfg)
-        self.mlp = SparseMoE(cfg) if cfg.is_moe else MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.mixer = Attention(cfg, rope_cache, tp) if layer_type == "full_attention" else GatedDeltaNet(cfg, tp)
+        self.mlp = SparseMoE(cfg, tp) if cfg.is_moe else MLP(cfg.hidden_size, cfg.intermediate_size // tp.size)
 
     def register(self, slots: WeightSlots, prefix: str) -> None:
         self.input_layernorm.register(slots, f"{prefix}.input_layernorm")
@@ -212,6 +219,6 @@ class DecoderLayer:
             residual, x = h.to(residual_dtype(h.dtype)), self.input_layernorm(h)
         else:
             x, residual = self.input_layernorm(h, residual)
-        x = self.mixer(x, positions, batch, cache)
+        x = self.group.all_reduce(self.mixer(x, positions, batch, cache))
         x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
+        return self.group.all_reduce(self.mlp(x)), residual

@@ -26,7 +26,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from safetensors import safe_open
@@ -34,6 +34,7 @@ from safetensors import safe_open
 from ..errors import ModelLoadError
 from ..kernels.w4a16.packing import QuantizedWeight
 from .model_config import ModelConfig
+from .shard_read import Shard, Slicer, read_slice
 from .quant_formats import QUANT_PARTS, awq_to_canonical, ct_to_canonical, matches_skip, module_format
 
 log = logging.getLogger(__name__)
@@ -241,21 +242,31 @@ def _diagnose(plan: _Plan, config: ModelConfig) -> None:
 
 # ----------------------------------------------------------------------------- streaming
 def iter_checkpoint(path: str | Path, config: ModelConfig, *, device="cpu", dtype: torch.dtype | None = None,
-                    progress: bool | str = True) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
+                    progress: bool | str = True, shard: Callable[[str], Shard | None] | None = None,
+                    reads: list | None = None) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
     """Yield normalized ``(name, tensor | QuantizedWeight)`` pairs from the checkpoint at ``path``.
 
     ``dtype`` casts every floating tensor (and quantization scales/zeros) when given. ``progress``: True shows
-    a progress line on stderr for checkpoints over 1 GB, "always" for any size, False never.
+    a progress line on stderr for checkpoints over 1 GB, "always" for any size, False never. ``shard``
+    (tensor parallelism, :meth:`TPLayout.shard`): only that slice of each tensor is read from the file
+    (safetensors slices), packed 4-bit tensors cut along their packed dims. ``reads``: a list that gets
+    ``(stored name, dim, ranges, bytes)`` for every read (tests check each slice is read once).
     """
     path = Path(path)
     plan = _plan(path, config)
     device = torch.device(device)
     parts: dict[str, dict[str, torch.Tensor]] = {}
+    slicer = Slicer(plan, shard) if shard is not None else None
     with _Progress(plan.tensors, progress) as bar:
         for file, infos in itertools.groupby(plan.tensors, key=lambda t: t.file):
             with _open_safetensors(file) as f:
                 for info in infos:
-                    tensor = f.get_tensor(info.name).to(device)
+                    cut = slicer.cut(info) if slicer is not None else None
+                    tensor = (read_slice(f, info, cut) if cut is not None else f.get_tensor(info.name)).to(device)
+                    if slicer is not None:
+                        tensor = slicer.fix(info, tensor)
+                    if reads is not None:
+                        reads.append((info.name, *(cut or (None, None)), tensor.numel() * tensor.element_size()))
                     bar.advance(info)
                     kind, key = plan.route[info.name]
                     if kind == "dense":

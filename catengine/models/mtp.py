@@ -11,15 +11,18 @@ from .batch import AttentionCache, BatchMetadata
 from .model_config import ModelConfig
 from .layers import DecoderLayer, Norm
 from .linear import Linear, WeightSlots
+from .sharding import TPLayout
 
 
 class MTPHead:
-    def __init__(self, config: ModelConfig, rope_cache: torch.Tensor):
+    def __init__(self, config: ModelConfig, rope_cache: torch.Tensor, tp: TPLayout, group):
         eps = config.rms_norm_eps
         self.pre_fc_norm_embedding, self.pre_fc_norm_hidden, self.norm = Norm(eps), Norm(eps), Norm(eps)
+        # fc is replicated (2H x H, small beside the layer): its output feeds the layer on every rank
         self.fc = Linear(2 * config.hidden_size, config.hidden_size)
-        # one full-attention decoder layer (MoE block for MoE models), with its own KV cache
-        self.layer = DecoderLayer(config, "full_attention", rope_cache)
+        # one full-attention decoder layer (MoE block for MoE models), with its own KV cache, sharded as
+        # the main model's layers are
+        self.layer = DecoderLayer(config, "full_attention", rope_cache, tp, group)
 
     def register(self, slots: WeightSlots, prefix: str) -> None:
         self.pre_fc_norm_embedding.register(slots, f"{prefix}.pre_fc_norm_embedding")

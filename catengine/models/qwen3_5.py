@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..distributed.group import TPGroup
 from ..errors import ConfigError
 from ..kernels import ops
 from .batch import AttentionCache, BatchMetadata, GDNStateCache, ModelCaches
@@ -12,20 +13,26 @@ from .model_config import ModelConfig
 from .layers import DecoderLayer, Norm
 from .linear import WeightSlots
 from .mtp import MTPHead
+from .sharding import TPLayout
 
 
 class Qwen3_5ForCausalLM:
     """The whole text model. ``__call__`` returns final-norm hidden states; ``compute_logits`` the logits."""
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device, with_mtp: bool = False):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device, with_mtp: bool = False, tp=None):
+        """``tp``: the :class:`~catengine.distributed.TPGroup` this rank belongs to (None: one rank). The
+        model then holds this rank's shard (``self.layout.shard`` names each tensor's slice, the loader
+        reads only that) and calls the group's collectives; ``config`` stays the whole model's."""
         self.config, self.dtype, self.device = config, dtype, torch.device(device)
+        self.group = tp if tp is not None else TPGroup.single()
+        self.layout = TPLayout.of(config, self.group.rank, self.group.size)
         self.rope_cache = ops.rope_cos_sin_cache(config.max_position_embeddings, config.rotary_dim,
                                                  config.rope_theta, device=self.device)
-        self.layers = [DecoderLayer(config, t, self.rope_cache) for t in config.layer_types]
+        self.layers = [DecoderLayer(config, t, self.rope_cache, self.layout, self.group) for t in config.layer_types]
         self.norm = Norm(config.rms_norm_eps)
-        self.embed_tokens: torch.Tensor | None = None
+        self.embed_tokens: torch.Tensor | None = None   # [V / N, H]: this rank's vocab rows (vocab_range)
         self.lm_head: torch.Tensor | None = None
-        self.mtp = MTPHead(config, self.rope_cache) if with_mtp else None
+        self.mtp = MTPHead(config, self.rope_cache, self.layout, self.group) if with_mtp else None
 
     # ------------------------------------------------------------------ weights
     def weight_slots(self) -> WeightSlots:
@@ -60,23 +67,24 @@ class Qwen3_5ForCausalLM:
         return len(self.config.full_attention_layers) + (1 if self.mtp is not None else 0)
 
     def kv_cache_bytes_per_block(self, block_size: int, kv_cache_dtype: str = "auto") -> int:
+        """Per rank: this rank's KV heads (replicated ones counted on every rank that holds them)."""
         c = self.config
         elem = torch.empty(0, dtype=self.kv_cache_torch_dtype(kv_cache_dtype)).element_size()
-        return 2 * block_size * c.num_key_value_heads * c.head_dim * elem * self.num_attention_caches
+        return 2 * block_size * self.layout.nkv * c.head_dim * elem * self.num_attention_caches
 
     def state_bytes_per_slot(self) -> int:
-        c = self.config
-        conv = (c.linear_conv_kernel_dim - 1) * c.conv_dim * torch.empty(0, dtype=self.dtype).element_size()
-        ssm = c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim * 4
+        c, tp = self.config, self.layout
+        conv = (c.linear_conv_kernel_dim - 1) * tp.conv_dim * torch.empty(0, dtype=self.dtype).element_size()
+        ssm = tp.hv * c.linear_key_head_dim * c.linear_value_head_dim * 4
         return (conv + ssm) * len(c.linear_attention_layers)
 
     def allocate_caches(self, num_blocks: int, block_size: int, num_state_slots: int,
                         kv_cache_dtype: str = "auto", device=None) -> ModelCaches:
-        c, device = self.config, device or self.device
+        c, tp, device = self.config, self.layout, device or self.device
         kv_dtype = self.kv_cache_torch_dtype(kv_cache_dtype)
 
         def attention_cache():
-            shape = (num_blocks, block_size, c.num_key_value_heads, c.head_dim)
+            shape = (num_blocks, block_size, tp.nkv, c.head_dim)
             return AttentionCache(torch.zeros(shape, dtype=kv_dtype, device=device),
                                   torch.zeros(shape, dtype=kv_dtype, device=device))
 
@@ -85,9 +93,9 @@ class Qwen3_5ForCausalLM:
             if t == "full_attention":
                 layers.append(attention_cache())
             else:
-                conv = torch.zeros((num_state_slots, c.linear_conv_kernel_dim - 1, c.conv_dim),
+                conv = torch.zeros((num_state_slots, c.linear_conv_kernel_dim - 1, tp.conv_dim),
                                    dtype=self.dtype, device=device)
-                ssm = torch.zeros((num_state_slots, c.linear_num_value_heads, c.linear_key_head_dim,
+                ssm = torch.zeros((num_state_slots, tp.hv, c.linear_key_head_dim,
                                    c.linear_value_head_dim), dtype=torch.float32, device=device)
                 layers.append(GDNStateCache(conv, ssm))
         if self.mtp is not None:
@@ -96,7 +104,14 @@ class Qwen3_5ForCausalLM:
 
     # ------------------------------------------------------------------ forward
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(input_ids, self.embed_tokens)
+        if self.group.size == 1:
+            return F.embedding(input_ids, self.embed_tokens)
+        # vocab-parallel: each token's row lives on one rank, the others add zeros (the sum is exact)
+        v0, v1 = self.layout.vocab_range
+        local = input_ids - v0
+        outside = (local < 0) | (local >= v1 - v0)
+        rows = F.embedding(local.masked_fill(outside, 0), self.embed_tokens)
+        return self.group.all_reduce(rows.masked_fill(outside[:, None], 0))
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: BatchMetadata,
                  caches: ModelCaches) -> torch.Tensor:
@@ -107,7 +122,14 @@ class Qwen3_5ForCausalLM:
         return h
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.lm_head).float()
+        logits = F.linear(hidden, self.lm_head).float()
+        if self.group.size == 1:
+            return logits
+        # every rank's vocab slice, padded to one width (the last may be short), gathered in rank order
+        pad = self.layout.vocab_per_rank - logits.shape[-1]
+        if pad:
+            logits = F.pad(logits, (0, pad), value=float("-inf"))
+        return self.group.all_gather(logits, dim=-1)[..., : self.config.vocab_size]
 
     def mtp_forward(self, input_ids, positions, hidden_prev, batch: BatchMetadata, caches: ModelCaches):
         """One MTP draft step: hidden state after mtp.norm for each new token (feed compute_logits)."""

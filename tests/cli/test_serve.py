@@ -55,10 +55,15 @@ def test_positional_model_and_sizes():
     assert kw["model"] == "/m" and kw["max_model_len"] == 32000 and kw["max_num_batched_tokens"] == 8192
 
 
+def test_tensor_parallel_flags_reach_the_config():
+    kw = serve_cli.engine_kwargs(parse("-tp 4 --distributed-executor-backend external_launcher"))
+    assert kw["tensor_parallel_size"] == 4 and kw["distributed_executor_backend"] == "external_launcher"
+    assert serve_cli.engine_kwargs(parse("--tensor-parallel-size 2"))["tensor_parallel_size"] == 2
+
+
 @pytest.mark.parametrize("line,match", [
-    ("--tensor-parallel-size 4", "tensor-parallel-size 4 is not supported"),
-    ("-tp 2", "tensor-parallel-size 2 is not supported"),
     ("--pipeline-parallel-size 2", "pipeline-parallel-size"),
+    ("--data-parallel-size 2", "data-parallel-size"),
 ])
 def test_unsupported_parallelism_fails_clearly(line, match):
     with pytest.raises(ConfigError, match=match):

@@ -1,0 +1,132 @@
+"""Tensor-parallel pieces without an engine: which sizes split, the 4-bit alignment checks, the shards
+adding up to the whole weights, and the MTP head's forward at TP2 against TP1."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from catengine.config import EngineConfig
+from catengine.distributed.group import TPGroup
+from catengine.errors import ConfigError
+from catengine.models import ModelConfig, load_model
+from catengine.models.batch import BatchMetadata
+from catengine.models.sharding import TPLayout, check_tp_size
+from catengine.tools.quantize import quantize_checkpoint
+
+from .helpers import tiny_checkpoint
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    return tmp_path_factory.mktemp("tp_unit_ckpts")
+
+
+def test_sizes_that_do_not_split_name_the_dimension_and_a_size_that_works(ckpts):
+    cfg = ModelConfig.from_pretrained(tiny_checkpoint(ckpts))
+    check_tp_size(cfg, 4)
+    with pytest.raises(ConfigError, match=r"num_attention_heads=4.* use tensor_parallel_size 4"):
+        check_tp_size(cfg, 8)
+    odd = dataclasses.replace(cfg, num_key_value_heads=3, num_attention_heads=6)
+    with pytest.raises(ConfigError, match=r"num_key_value_heads=3"):
+        check_tp_size(odd, 2)
+    with pytest.raises(ConfigError, match="must be one of"):
+        check_tp_size(cfg, 3)
+    with pytest.raises(ConfigError, match="tensor_parallel_size must be 1, 2, 4 or 8"):
+        EngineConfig(tensor_parallel_size=3).validate()
+    with pytest.raises(ConfigError, match="distributed_executor_backend 'ray'"):
+        EngineConfig(distributed_executor_backend="ray").validate()
+    from catengine import Engine
+    with pytest.raises(ConfigError, match="tensor_parallel_size 8 does not split this model"):
+        Engine(str(tiny_checkpoint(ckpts)), device="cpu", tensor_parallel_size=8)
+
+
+def test_kv_heads_are_replicated_when_fewer_than_ranks(ckpts):
+    cfg = ModelConfig.from_pretrained(tiny_checkpoint(ckpts))   # 4 q heads, 2 KV heads
+    starts = [TPLayout.of(cfg, r, 4).kv_start for r in range(4)]
+    assert starts == [0, 0, 1, 1] and TPLayout.of(cfg, 0, 4).nkv == 1
+    # q heads of rank r belong to KV head r // 2 in the unsharded model (GQA group of 2)
+    assert [r * TPLayout.of(cfg, r, 4).nh // (cfg.num_attention_heads // cfg.num_key_value_heads)
+            for r in range(4)] == starts
+
+
+@pytest.fixture(scope="module")
+def awq_g16(ckpts):
+    dst = ckpts / "moe-awq-g16"
+    quantize_checkpoint(tiny_checkpoint(ckpts, moe=True), dst, "awq", group_size=16, progress=False)
+    return dst
+
+
+def test_quantized_cut_inside_a_group_is_a_config_error(awq_g16):
+    dst = awq_g16
+    # TP4 gives each rank 8 of the experts' 32 intermediate rows: down_proj's input splits inside a group of 16
+    with pytest.raises(ConfigError, match=r"experts.*inside a quantization group of 16.*smaller tensor_parallel_size"):
+        load_model(dst, tp=TPGroup(1, 4), progress=False)
+    load_model(dst, tp=TPGroup(1, 2), progress=False)   # 16 rows per rank: whole groups
+
+
+def test_engine_start_with_a_bad_cut_raises_it_and_stops_the_workers(awq_g16):
+    import multiprocessing
+
+    from catengine import Engine
+
+    with pytest.raises(ConfigError, match="inside a quantization group of 16"):
+        Engine(str(awq_g16), device="cpu", tensor_parallel_size=4, num_kv_blocks=16, max_model_len=64)
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("catengine-tp")]
+
+
+@pytest.mark.parametrize("quant", [None, "awq", "compressed-tensors"])
+def test_shards_concatenate_to_the_whole_weights(ckpts, quant):
+    """Column-parallel slices stacked along the output and row-parallel ones along the input give back
+    the TP1 tensors (for 4-bit: the canonical packed words, scales and zeros)."""
+    path = tiny_checkpoint(ckpts, moe=True, quant=quant)
+    whole = load_model(path, progress=False)
+    parts = [load_model(path, tp=TPGroup(r, 2), progress=False) for r in range(2)]
+
+    def same(get, dim):
+        w = get(whole)
+        fields = ("qweight", "scales", "zeros") if hasattr(w, "qweight") else (None,)
+        for f in fields:
+            pick = (lambda m: getattr(get(m), f)) if f else get
+            # QuantizedWeight is x @ w ([.., K, N]): a column split is its last dim, a row split the one before
+            d = dim if f is None else (-1 if dim == -2 else -2)
+            torch.testing.assert_close(torch.cat([pick(p) for p in parts], d), pick(whole), rtol=0, atol=0)
+
+    layer = lambda m: m.layers[0]
+    same(lambda m: layer(m).mixer.in_proj_ba.weight[: layer(m).mixer.hv], -2)   # the in_proj_b rows (dense)
+    same(lambda m: layer(m).mixer.out_proj.weight, -1)
+    same(lambda m: m.layers[3].mixer.o_proj.weight, -1)
+    same(lambda m: layer(m).mlp.w2, -1)
+    same(lambda m: layer(m).mlp.shared_expert.down_proj.weight, -1)
+    same(lambda m: m.embed_tokens, -2)
+    torch.testing.assert_close(torch.cat([p.layers[0].mixer.A_log for p in parts]), whole.layers[0].mixer.A_log)
+
+
+def test_mtp_head_forward_under_tp_matches_tp1(ckpts):
+    from catengine.distributed.executor import TPExecutor
+
+    path = tiny_checkpoint(ckpts, moe=True, mtp=True)
+    ref = load_model(path, load_mtp=True, progress=False)
+    assert ref.mtp is not None
+    cfg = EngineConfig(model=str(path), device="cpu", tensor_parallel_size=2).resolve(
+        device=torch.device("cpu"), max_position_embeddings=ref.config.max_position_embeddings)
+    ex = TPExecutor(path, cfg, torch.device("cpu"), load_mtp=True)
+    try:
+        model = ex.model
+        assert model.mtp is not None
+        T = 7
+        g = torch.Generator().manual_seed(1)
+        ids = torch.randint(0, ref.config.vocab_size, (T,), generator=g)
+        h_prev = torch.randn(T, ref.config.hidden_size, generator=g)
+        batch = BatchMetadata.build([T], [T], [[0, 1]], 4, [0])
+        pos = BatchMetadata.positions([T], [T])
+        want = ref.mtp_forward(ids, pos, h_prev, batch, ref.allocate_caches(8, 4, 2))
+        got = model.mtp_forward(ids, pos, h_prev, batch, model.allocate_caches(8, 4, 2))
+        # fp32 on both sides; only the order of the row-parallel sums differs
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(model.compute_logits(got), ref.compute_logits(want), rtol=1e-5, atol=1e-4)
+    finally:
+        ex.shutdown()
