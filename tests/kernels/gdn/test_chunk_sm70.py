@@ -146,12 +146,15 @@ def _sm70_split_check(dk, lens, hk, r, o_hmma, h_hmma, names):
 
 
 def test_doctor_reports_the_gdn_path_the_sm70_row_runs(monkeypatch):
-    """The HMMA.884 stages exist, but `catengine doctor` says HMMA.884 for the GDN prefill only once the sm_70
-    row runs the split form (its own form is the scan, all FMA)."""
+    """`catengine doctor` says HMMA.884 for the GDN prefill's state and output stages only when the sm_70 row runs
+    the split form with them (the scan form is all FMA)."""
     from catengine.tools import doctor
     facts = {"gpus": [{"cc": 70}], "catengine_arch": {"forced": None}, "triton": {"version": "3.6.0"},
              "kernels_env": ""}
+    row = gdn_table.TABLE[70]
+    monkeypatch.setitem(gdn_table.TABLE, 70, dataclasses.replace(row, prefill="scan"))
     path = doctor.op_paths(facts)["chunk_gated_delta_rule"]["path"]
-    assert gdn_table.TABLE[70].prefill == "scan" and path.startswith("tl.dot -> FMA") and "scan" in path
-    monkeypatch.setitem(gdn_table.TABLE, 70, dataclasses.replace(gdn_table.TABLE[70], prefill="split"))
-    assert doctor.op_paths(facts)["chunk_gated_delta_rule"]["path"] == "HMMA.884 Gluon"
+    assert path.startswith("tl.dot -> FMA") and "scan" in path
+    monkeypatch.setitem(gdn_table.TABLE, 70, dataclasses.replace(row, prefill="split"))
+    assert "state HMMA.884 Gluon (fp16); output HMMA.884 Gluon (fp16)" in doctor.op_paths(facts)[
+        "chunk_gated_delta_rule"]["path"]
