@@ -45,7 +45,8 @@ def _fake(dtype, d=256, device="cuda"):
 def test_sm70_applies_fp16_on_the_sm70_row_only(monkeypatch):
     monkeypatch.setattr(paged_sm70, "INTERPRET", False)
     q, kc = _fake(torch.float16), _fake(torch.float16)
-    monkeypatch.setattr(paged_sm70, "ENABLED", False)     # until the H200 has passed its GPU tests
+    assert paged_sm70.ENABLED                              # on the sm_70 row since the H200 passed its GPU tests
+    monkeypatch.setattr(paged_sm70, "ENABLED", False)
     assert not sm70_applies(70, q, kc)
     monkeypatch.setattr(paged_sm70, "ENABLED", True)
     assert sm70_applies(70, q, kc) and sm70_applies(70, q, _fake(torch.uint8))
