@@ -8,14 +8,18 @@
 #   WHEELS=/tmp/wheels VERSIONS="3.6.0" bench/aot_triton_versions.sh
 #
 # WHEELS: a folder of triton wheels (`pip download --no-deps triton==3.6.0 -d DIR`) used before the index.
-# TESTS: the suite (default: every module's AOT build, the HMMA.884 block and the sm_70 W4A16 GEMM, -m "not gpu").
+# TESTS: the suite (default: every module's AOT build, the HMMA.884 block and the CPU tests of the sm_70 kernels,
+# -m "not gpu"; test_softmax_sm70.py checks the shuffles each Triton emits for the attention's row statistics).
+# A quicker run of the sm_70 builds only: TESTS="tests/kernels/test_aot.py -k sm70 ...".
 # Triton 3.5/3.6 bundle a cuobjdump that reads sm_70 cubins, so there `sass_hmma884` is checked in the SASS too.
 # Prints one line per version (pass/fail counts) and exits non-zero if any version failed.
 set -u
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VERSIONS=${VERSIONS:-"3.5.1 3.6.0 3.9.0"}
-TESTS=${TESTS:-"tests/kernels/test_aot.py tests/kernels/common/test_mma884.py tests/kernels/w4a16/test_gemm_sm70.py"}
+TESTS=${TESTS:-"tests/kernels/test_aot.py tests/kernels/common/test_mma884.py tests/kernels/w4a16/test_gemm_sm70.py
+    tests/kernels/attention/test_softmax_sm70.py tests/kernels/attention/test_paged_sm70.py
+    tests/kernels/gdn/test_chunk_sm70.py tests/kernels/moe/test_fused_moe_sm70.py"}
 ROOT=$(mktemp -d "${TMPDIR:-/tmp}/aot-triton-XXXXXX")
 trap 'rm -rf "$ROOT"' EXIT
 summary=()

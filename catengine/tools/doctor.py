@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 
@@ -29,7 +28,6 @@ PROBE_MODULE = "catengine.tools.doctor_probe"
 PROBE_TIMEOUT_S = 180
 # ops whose work is matrix products: the ones that want tensor cores (the rest are row, scan or gather kernels)
 MATMUL_OPS = ("w4a16_linear", "fused_moe", "paged_attention", "chunk_gated_delta_rule")
-KERNELS_DIR = Path(__file__).resolve().parents[1] / "kernels"
 
 
 @dataclass(frozen=True)
@@ -162,55 +160,84 @@ def diagnose(facts: dict) -> list[Problem]:
     return problems
 
 
-def family_has_hmma(family: str, kernels_dir: Path = KERNELS_DIR) -> bool:
-    """A family has a Gluon HMMA.884 kernel once it holds a ``*_sm70.py`` module or one that uses the mma884
-    building block (read from the source tree, so the report follows the kernels as they land)."""
-    d = kernels_dir / family
-    return any(p.name.endswith("_sm70.py") or "mma884" in p.read_text(errors="replace") for p in d.glob("*.py"))
-
-
 def _family_of(op: str) -> str:
     from ..kernels import ops
     return ops.REGISTRY.twin(op).__module__.split(".")[-2]
 
 
-def op_paths(facts: dict, kernels_dir: Path = KERNELS_DIR) -> dict[str, dict]:
+def _matmul_path(op: str, row: int, dot: str) -> str:
+    """The path of a matrix-product op on launch-table row ``row``, read from the tables and switches its
+    dispatch reads (so it says what runs, not which files exist): the HMMA.884 kernels only where the row picks
+    them, with the sizes and dtypes they take; ``dot`` is what tl.dot becomes on this row and Triton."""
+    hmma = "HMMA.884 Gluon"
+    if op == "w4a16_linear":
+        from ..kernels.w4a16.dequant import DEQUANT_MIN_M
+        from ..kernels.w4a16.gemm import TABLES
+        key = f"sm{row}"
+        t, big = TABLES[key], DEQUANT_MIN_M[key]
+        parts = [f"M <= {t.gemv_max_m}: GEMV on CUDA cores"]
+        lo = t.gemv_max_m + 1
+        if t.hmma_min_m is not None and t.hmma_min_m < big:
+            if t.hmma_min_m > lo:
+                parts.append(f"M {lo}-{t.hmma_min_m - 1}: {dot}")
+            parts.append(f"M {t.hmma_min_m}-{big - 1}: {hmma} (fp16, groups 32/64/128; else {dot})")
+        else:
+            parts.append(f"M {lo}-{big - 1}: {dot}")
+        return "; ".join(parts + [f"from M = {big}: dequantise + cuBLAS"])
+    if op == "fused_moe":
+        from ..kernels.moe.fused import TABLES
+        t = TABLES[f"sm{row}"]
+        big = f"{hmma} (fp16 W4A16 experts, groups 32/64/128; else {dot})" if t.hmma else dot
+        return f"T x top_k <= {t.row_max}: row kernels on CUDA cores; above: {big}"
+    if op == "paged_attention":
+        from ..kernels.attention import paged_sm70
+        if row == 70 and paged_sm70.ENABLED:
+            dims = "/".join(map(str, sorted(paged_sm70.PREFILL_SM70)))
+            return f"{hmma} (fp16 queries, fp16 or e5m2 cache, head dims {dims}; else {dot})"
+        off = " (its HMMA.884 kernel is off: attention/paged_sm70.ENABLED)" if row == 70 else ""
+        return dot + off
+    if op == "chunk_gated_delta_rule":
+        from ..kernels.gdn.table import TABLE
+        t = TABLE[row]
+        if t.prefill != "split":
+            return f"{dot} (the row runs the scan form" + ("; its HMMA.884 stages are the split form's)"
+                                                          if t.o_hmma or t.h_hmma else ")")
+        state, output = (hmma + " (fp16)" if on else dot for on in (t.h_hmma, t.o_hmma))
+        if state == output == dot:
+            return f"{dot} (split form)"
+        return f"split form: WY step {dot}; state {state}; output {output}"
+    raise AssertionError(f"{op} is not one of MATMUL_OPS")
+
+
+def op_paths(facts: dict) -> dict[str, dict]:
     """op -> {family, path}: the torch twin without a CUDA GPU (or under CATENGINE_KERNELS=reference); on a GPU
-    the Triton kernel, and for the matrix-product ops the kind of product on the launch-table row in use."""
+    the Triton kernel, and for the matrix-product ops what their dispatch picks on the launch-table row in use."""
     from ..kernels import ops
     from ..kernels.common.arch import arch_from_cc
     gpus, forced = facts["gpus"], facts["catengine_arch"]["forced"]
     # ops run their twins on CPU tensors whatever the switch says (ops.use_triton)
     row = (forced or min(arch_from_cc(g["cc"]) for g in gpus)) if gpus else None
-    fma = _version_tuple(facts["triton"]["version"]) >= (3, 3)
+    if row == 70:
+        fma = _version_tuple(facts["triton"]["version"]) >= (3, 3)
+        dot = "tl.dot -> FMA" if fma else "tl.dot (HMMA via Triton < 3.3)"
+    else:
+        dot = "tl.dot (tensor cores)"
     out = {}
     for op in ops.REGISTRY.names():
-        family = _family_of(op)
         if row is None or facts["kernels_env"] == "reference":
             path = "torch twin"
         elif op not in MATMUL_OPS:
             path = "Triton (no matrix product)"
-        elif row == 70 and family_has_hmma(family, kernels_dir):
-            path = "HMMA.884 Gluon"
-        elif row == 70:
-            path = "tl.dot -> FMA (Triton >= 3.3 has no sm_70 tensor cores)" if fma else "tl.dot (HMMA via Triton < 3.3)"
         else:
-            path = "tl.dot (tensor cores)"
-        if op == "chunk_gated_delta_rule" and path == "HMMA.884 Gluon":
-            from ..kernels.gdn.table import TABLE
-            if TABLE[70].prefill != "split":   # the HMMA.884 stages (o_hmma, h_hmma) are the split form's
-                path = "tl.dot -> FMA (the sm_70 row runs the scan form; its HMMA.884 stages need the split)"
-        if op == "w4a16_linear" and row is not None and path != "torch twin":
-            from ..kernels.w4a16.dequant import DEQUANT_MIN_M
-            path += f"; from M = {DEQUANT_MIN_M[f'sm{row}']}: dequantise + cuBLAS"
-        out[op] = {"family": family, "path": path}
+            path = _matmul_path(op, row, dot)
+        out[op] = {"family": _family_of(op), "path": path}
     return out
 
 
 # ----------------------------------------------------------------------------- report
-def build_report(facts: dict, kernels_dir: Path = KERNELS_DIR) -> dict:
+def build_report(facts: dict) -> dict:
     problems = diagnose(facts)
-    return {**facts, "ops": op_paths(facts, kernels_dir), "problems": [asdict(p) for p in problems],
+    return {**facts, "ops": op_paths(facts), "problems": [asdict(p) for p in problems],
             "ok": not problems}
 
 
@@ -232,6 +259,9 @@ def format_report(r: dict) -> str:
     if ce["value"]:
         lines.append(f"CATENGINE_ARCH={ce['value']}: " + (f"every device takes the sm_{ce['forced']} row"
                                                           if ce["forced"] else "invalid"))
+    if any(v["path"].find("tl.dot -> FMA") >= 0 for v in r["ops"].values()):
+        lines.append("tl.dot -> FMA: Triton >= 3.3 lowers tl.dot to fp32 FMA on sm_70 (no tensor cores); the HMMA.884 "
+                     "kernels are Gluon")
     lines.append("ops:")
     width = max(map(len, r["ops"]))
     lines += [f"  {op:<{width}}  {v['family']:<9} {v['path']}" for op, v in r["ops"].items()]

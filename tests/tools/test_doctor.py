@@ -1,5 +1,5 @@
 """`catengine doctor` on this CPU machine, and on machines it is not (torch's facts monkeypatched): a V100 with a
-CUDA-13 torch, a V100 whose Triton cannot build sm_70, the sm_70 path with and without an HMMA.884 kernel."""
+CUDA-13 torch, a V100 whose Triton cannot build sm_70, the path each op takes on the sm_70 row as its tables say."""
 import io
 import json
 from types import SimpleNamespace
@@ -66,41 +66,63 @@ def test_v100_with_a_cuda13_torch_gets_the_problem_and_its_fix(monkeypatch):
     assert doctor.run_doctor(file=out) == 1 and "1 problem(s)" in out.getvalue()
 
 
-def test_v100_with_a_torch_that_has_sm70_is_fine_and_says_fma(monkeypatch, tmp_path):
+def test_v100_with_a_torch_that_has_sm70_is_fine_and_says_which_path_runs(monkeypatch):
+    """The paths follow the sm_70 row's tables and switches (what the dispatch reads), not which files exist:
+    turning a family's HMMA.884 choice off on the row turns its report to FMA."""
+    import dataclasses
+    from catengine.kernels.attention import paged_sm70
+    from catengine.kernels.gdn import table as gdn_table
+    from catengine.kernels.moe import fused as moe_fused
+    from catengine.kernels.w4a16 import gemm as w4a16_gemm
     _fake_gpu(monkeypatch, "Tesla V100-SXM2-32GB", 70, CUDA128_ARCHES, cuda="12.8")
     facts = doctor.gather_facts(probe=False)
     facts["triton"] = {"version": "3.5.1", "ptxas_sm70": {"ok": True, "detail": "compiled a kernel for sm_70"}}
-    for family in ("w4a16", "moe", "attention", "gdn", "norm", "sampling"):
-        (tmp_path / family).mkdir()
-    report = doctor.build_report(facts, kernels_dir=tmp_path)
+    report = doctor.build_report(facts)
     assert report["ok"], report["problems"]
-    paths = {op: v["path"] for op, v in report["ops"].items()}
-    for op in doctor.MATMUL_OPS:
-        assert paths[op].startswith("tl.dot -> FMA"), (op, paths[op])
-    assert paths["rms_norm"] == "Triton (no matrix product)"
-    assert "from M = 1024: dequantise + cuBLAS" in paths["w4a16_linear"]
-    # an sm_70 kernel lands in a family: that family's op reports the HMMA.884 path, the others stay FMA
-    (tmp_path / "w4a16" / "gemm_sm70.py").write_text("")
-    (tmp_path / "moe" / "grouped.py").write_text("from ..common.mma884 import mma884\n")
-    paths = {op: v["path"] for op, v in doctor.build_report(facts, kernels_dir=tmp_path)["ops"].items()}
-    assert paths["w4a16_linear"].startswith("HMMA.884 Gluon") and paths["fused_moe"] == "HMMA.884 Gluon"
-    assert paths["paged_attention"].startswith("tl.dot -> FMA")
+
+    def paths():
+        return {op: v["path"] for op, v in doctor.build_report(facts)["ops"].items()}
+
+    p = paths()
+    assert p["rms_norm"] == "Triton (no matrix product)"
+    assert p["w4a16_linear"] == ("M <= 1: GEMV on CUDA cores; M 2-7: tl.dot -> FMA; M 8-1023: HMMA.884 Gluon (fp16, "
+                                 "groups 32/64/128; else tl.dot -> FMA); from M = 1024: dequantise + cuBLAS")
+    assert p["fused_moe"].endswith("above: HMMA.884 Gluon (fp16 W4A16 experts, groups 32/64/128; else tl.dot -> FMA)")
+    monkeypatch.setattr(paged_sm70, "ENABLED", False)
+    assert paths()["paged_attention"].startswith("tl.dot -> FMA (its HMMA.884 kernel is off")
+    monkeypatch.setattr(paged_sm70, "ENABLED", True)
+    assert paths()["paged_attention"].startswith("HMMA.884 Gluon (fp16 queries, fp16 or e5m2 cache, head dims 64/128/256")
+    row = gdn_table.TABLE[70]
+    monkeypatch.setitem(gdn_table.TABLE, 70, dataclasses.replace(row, prefill="scan"))
+    assert paths()["chunk_gated_delta_rule"].startswith("tl.dot -> FMA (the row runs the scan form")
+    monkeypatch.setitem(gdn_table.TABLE, 70, dataclasses.replace(row, prefill="split"))
+    assert paths()["chunk_gated_delta_rule"] == ("split form: WY step tl.dot -> FMA; state HMMA.884 Gluon (fp16); "
+                                                 "output HMMA.884 Gluon (fp16)")
+    # the row's HMMA.884 choices off: every matrix product is FMA again
+    monkeypatch.setitem(w4a16_gemm.TABLES, "sm70", dataclasses.replace(w4a16_gemm.TABLES["sm70"], hmma_min_m=None))
+    monkeypatch.setitem(moe_fused.TABLES, "sm70", dataclasses.replace(moe_fused.TABLES["sm70"], hmma=False))
+    monkeypatch.setitem(gdn_table.TABLE, 70, dataclasses.replace(row, prefill="split", o_hmma=False, h_hmma=False))
+    monkeypatch.setattr(paged_sm70, "ENABLED", False)
+    p = paths()
+    assert not any("HMMA.884 Gluon" in p[op] for op in doctor.MATMUL_OPS), p
+    assert p["w4a16_linear"] == "M <= 1: GEMV on CUDA cores; M 2-1023: tl.dot -> FMA; from M = 1024: dequantise + cuBLAS"
+    assert "tl.dot -> FMA: Triton >= 3.3 lowers tl.dot to fp32 FMA" in doctor.format_report(doctor.build_report(facts))
     facts["triton"]["version"] = "3.2.0"   # the last Triton that lowered tl.dot to Volta tensor cores
-    assert doctor.build_report(facts, kernels_dir=tmp_path)["ops"]["paged_attention"]["path"].startswith(
-        "tl.dot (HMMA via Triton < 3.3)")
+    assert paths()["paged_attention"].startswith("tl.dot (HMMA via Triton < 3.3)")
 
 
-def test_h200_rows_and_the_switch(monkeypatch, tmp_path):
+def test_h200_rows_and_the_switch(monkeypatch):
     _fake_gpu(monkeypatch, "NVIDIA H200", 90, CUDA13_ARCHES)
     facts = doctor.gather_facts(probe=False)
     facts["triton"] = {"version": "3.6.0", "ptxas_sm70": {"ok": False, "detail": "ptxas fatal"}}
-    report = doctor.build_report(facts, kernels_dir=tmp_path)
+    report = doctor.build_report(facts)
     assert report["ok"], report["problems"]          # no sm_70 build is needed on an H200 without the switch
-    assert report["ops"]["fused_moe"]["path"] == "tl.dot (tensor cores)"
+    assert report["ops"]["fused_moe"]["path"].endswith("above: tl.dot (tensor cores)")
+    assert report["ops"]["paged_attention"]["path"] == "tl.dot (tensor cores)"
     monkeypatch.setattr(arch, "ARCH_OVERRIDE", "70")
     facts = {**doctor.gather_facts(probe=False), "triton": facts["triton"]}
-    report = doctor.build_report(facts, kernels_dir=tmp_path)
-    assert report["ops"]["fused_moe"]["path"].startswith("tl.dot -> FMA")
+    report = doctor.build_report(facts)
+    assert "above: HMMA.884 Gluon" in report["ops"]["fused_moe"]["path"]
     assert [p["problem"] for p in report["problems"]] == ["Triton 3.6.0's ptxas cannot build for sm_70 (ptxas fatal)"]
     assert "TRITON_PTXAS_PATH" in report["problems"][0]["fix"]
 

@@ -1,7 +1,7 @@
 """Paged causal GQA attention over the KV cache (twin: ``attention.naive.paged_attention``).
 
 One kernel body, two launch shapes picked by ``max_query_len`` (on the sm_70 row, fp16 runs paged_sm70.py's
-HMMA.884 kernel instead, with the same grid and row packing, once ``paged_sm70.ENABLED``):
+HMMA.884 kernel instead, with the same grid and row packing, while ``paged_sm70.ENABLED``):
 
 * prefill (``max_query_len > DECODE_MAX_QUERY``): grid (query tiles, B * nkv). A program owns
   ``TOK = BLOCK_M // G`` consecutive new tokens of one sequence times the ``G = nh / nkv`` query

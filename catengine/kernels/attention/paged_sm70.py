@@ -18,9 +18,9 @@ fragment wants one row's 8 keys in one lane, and PV steps through P in k = 8 sli
 be sliced into (a shared descriptor can: ``slice``). So P is stored once as fp16 in the A staging shape
 [(step, mb), h, l, k] and read back one step at a time, like every A operand of gemm884.
 
-The softmax and the rescale of O need rows and columns as tensor dims; the fragment tile mixes them (row and column
-bits are spread over the lane and register dims), so :func:`frag_to_2d` / :func:`frag_from_2d` relabel the tile as
-[BM, BN] with a reshape that splits the lane and register dims into bits and a permute: registers do not move.
+The softmax reduces over the column bits of the fragment tile itself (softmax_sm70.py: the l and i dims split
+into bits, four single-dim reductions, no relabelling to [rows, cols]: Triton 3.6 miscompiles reductions over that
+relabelled layout), and the row statistics broadcast back onto the S and O tiles the same way.
 """
 from __future__ import annotations
 
@@ -37,34 +37,9 @@ from ..common.arch import INTERPRET, device_key
 from . import DEFAULT_BLOCK_SIZE
 from .decode import reduce_splits, split_partials
 from .launch import num_decode_splits
-from ..common.mma884 import (a_layout, a_smem_shape, b_layout, b_smem_shape, frag_layout, mma884, smem_layout,
-                             stage_index, stage_layout_a, stage_layout_b, tile_check)
-
-
-@gluon.jit
-def frag_to_2d(x, BM: gl.constexpr, BN: gl.constexpr):
-    """Fragment tile [BM//8, BN//8, 2, 4, 8] -> [BM, BN]: row 8 mb + 4 h + 2 (i >> 1 & 1) + (l & 1),
-    column 8 nb + 4 (i >> 2) + 2 (l >> 1) + (i & 1) (the C map of mma884.py)."""
-    x = gl.reshape(x, [BM // 8, BN // 8, 2, 2, 2, 2, 2, 2])        # mb, nb, h, l2, l1, i4, i2, i1
-    x = gl.permute(x, [0, 2, 6, 4, 1, 5, 3, 7])                    # mb, h, i2, l1 | nb, i4, l2, i1
-    return gl.reshape(x, [BM, BN])
-
-
-@gluon.jit
-def frag_from_2d(x, BM: gl.constexpr, BN: gl.constexpr, LF: gl.constexpr):
-    """Inverse of :func:`frag_to_2d`, back in the fragment layout LF."""
-    x = gl.reshape(x, [BM // 8, 2, 2, 2, BN // 8, 2, 2, 2])        # mb, h, i2, l1 | nb, i4, l2, i1
-    x = gl.permute(x, [0, 4, 1, 6, 3, 5, 2, 7])                    # mb, nb, h, l2, l1, i4, i2, i1
-    return gl.convert_layout(gl.reshape(x, [BM // 8, BN // 8, 2, 4, 8]), LF)
-
-
-@gluon.jit
-def p_to_a_stage(p, BM: gl.constexpr, BN: gl.constexpr):
-    """P [BM, BN] -> the A staging shape [(step, mb), h, l, k] of a_smem_shape(BM, BN): row 8 mb + 4 h + l,
-    key 8 step + k."""
-    p = gl.reshape(p, [BM // 8, 2, 4, BN // 8, 8])                  # mb, h, l, step, k
-    p = gl.permute(p, [3, 0, 1, 2, 4])                             # step, mb, h, l, k
-    return gl.reshape(p, [BN // 8 * (BM // 8), 2, 4, 8])
+from ..common.mma884 import (a_layout, a_smem_shape, acc_rows_cols, b_layout, b_smem_shape, frag_layout, mma884,
+                             smem_layout, stage_index, stage_layout_a, stage_layout_b, tile_check)
+from .softmax_sm70 import frag_bits, frag_merge, p_to_a_stage, row_ids, row_max, row_sum, rows_bcast
 
 
 @gluon.jit
@@ -143,15 +118,14 @@ def paged_attn_sm70_kernel(q, k_cache, v_cache, out, gate, part_o, part_ml, bloc
     s_v = gl.allocate_shared_memory(gl.float16, b_smem_shape(BLOCK_N, D), smem_layout())
     s_p = gl.allocate_shared_memory(gl.float16, a_smem_shape(BLOCK_M, BLOCK_N), smem_layout())
 
-    # the 2-D views of the S and O tiles, and their row vectors
-    L_S: gl.constexpr = frag_to_2d(gl.zeros([MB, NB, 2, 4, 8], gl.float32, layout=LF), BLOCK_M, BLOCK_N).type.layout
-    L_O: gl.constexpr = frag_to_2d(gl.zeros([MB, ND, 2, 4, 8], gl.float32, layout=LF), BLOCK_M, D).type.layout
-    rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, L_S))
-    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, L_S))
-    pos = ctx + tok0 + rows // G
+    # row statistics [mb, h, l1, i2] (softmax_sm70.py); r_s / c_s: tile row / key column of each S accumulator
+    L8: gl.constexpr = frag_bits(gl.zeros([MB, NB, 2, 4, 8], gl.float32, layout=LF), BLOCK_M, BLOCK_N).type.layout
+    L_ROW: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(3, gl.SliceLayout(5, gl.SliceLayout(7, L8))))
+    r_s, c_s = acc_rows_cols(BLOCK_M, BLOCK_N, WM, WN)
+    pos = ctx + tok0 + r_s // G
     # a finite start keeps fully masked rows at p = 0 instead of exp2(-inf + inf) = NaN
-    m_i = gl.full([BLOCK_M], -1e30, gl.float32, layout=gl.SliceLayout(1, L_S))
-    l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, L_S))
+    m_i = gl.full([MB, 2, 2, 2], -1e30, gl.float32, layout=L_ROW)
+    l_i = gl.zeros([MB, 2, 2, 2], gl.float32, layout=L_ROW)
     acc = gl.zeros([MB, ND, 2, 4, 8], gl.float32, layout=LF)
 
     for start in range(lo, hi, BLOCK_N):
@@ -170,46 +144,43 @@ def paged_attn_sm70_kernel(q, k_cache, v_cache, out, gate, part_o, part_ml, bloc
             f_q = s_q.slice(j * MB, MB).load(LAF)
             f_k = s_k.slice(j * NB, NB).load(LBF)
             s = mma884(s, gl.expand_dims(f_q, 1), gl.expand_dims(f_k, 0))
-        s2 = frag_to_2d(s, BLOCK_M, BLOCK_N) * qk_scale
-        key = start + cols
-        s2 = gl.where((key[None, :] <= pos[:, None]) & (key[None, :] < hi), s2, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s2, 1))
+        key = start + c_s
+        s = gl.where((key <= pos) & (key < hi), s * qk_scale, float("-inf"))
+        s8 = frag_bits(s, BLOCK_M, BLOCK_N)
+        m_new = gl.maximum(m_i, row_max(s8))
         alpha = gl.exp2(m_i - m_new)
-        p = gl.exp2(s2 - m_new[:, None])
-        l_i = l_i * alpha + gl.sum(p, 1)
+        p = gl.exp2(s8 - rows_bcast(m_new))
+        l_i = l_i * alpha + row_sum(p)
         m_i = m_new
         s_p.store(p_to_a_stage(p.to(gl.float16), BLOCK_M, BLOCK_N))
         s_v.store(_widen(b_v, FP8))
-        o2 = frag_to_2d(acc, BLOCK_M, D) * gl.convert_layout(alpha, gl.SliceLayout(1, L_O))[:, None]
-        acc = frag_from_2d(o2, BLOCK_M, D, LF)
+        acc = frag_merge(frag_bits(acc, BLOCK_M, D) * rows_bcast(alpha), BLOCK_M, D, LF)
         for j in gl.static_range(NB):
             f_p = s_p.slice(j * MB, MB).load(LAF)
             f_v = s_v.slice(j * ND, ND).load(LBF)
             acc = mma884(acc, gl.expand_dims(f_p, 1), gl.expand_dims(f_v, 0))
 
-    o2 = frag_to_2d(acc, BLOCK_M, D)
-    r_o = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, L_O))
-    o_d = gl.arange(0, D, layout=gl.SliceLayout(0, L_O))
+    # stores straight from the fragment tile: r_o / c_o are each accumulator's tile row and head dim
+    r_o, c_o = acc_rows_cols(BLOCK_M, D, WM, WN)
     t_o = tok0 + r_o // G
     m_o = (r_o < TOK * G) & (t_o < q_len)
     tok = (q_start + t_o).to(gl.int64)
     hq = kvh * G + r_o % G
     if SPLIT:
         row = (tok * (NKV * G) + hq) * NUM_SPLITS + i_s
-        gl.store(part_o + row[:, None] * D + o_d[None, :], o2, mask=m_o[:, None])
-        ml_m = gl.convert_layout(m_i, gl.SliceLayout(1, L_O))
-        ml_l = gl.convert_layout(l_i, gl.SliceLayout(1, L_O))
-        gl.store(part_ml + row * 2, ml_m, mask=m_o)
-        gl.store(part_ml + row * 2 + 1, ml_l, mask=m_o)
+        gl.store(part_o + row * D + c_o, acc, mask=m_o)
+        r_m = row_ids(BLOCK_M, BLOCK_N, WM, WN)
+        t_m = tok0 + r_m // G
+        m_m = (r_m < TOK * G) & (t_m < q_len)
+        row_m = ((q_start + t_m).to(gl.int64) * (NKV * G) + kvh * G + r_m % G) * NUM_SPLITS + i_s
+        gl.store(part_ml + row_m * 2, m_i, mask=m_m)
+        gl.store(part_ml + row_m * 2 + 1, l_i, mask=m_m)
     else:
-        l_o = gl.convert_layout(l_i, gl.SliceLayout(1, L_O))
-        b_o = o2 / gl.where(l_o > 0, l_o, 1.0)[:, None]
+        b_o = frag_merge(frag_bits(acc, BLOCK_M, D) / rows_bcast(gl.where(l_i > 0, l_i, 1.0)), BLOCK_M, D, LF)
         if HAS_GATE:
-            b_g = gl.load(gate + tok[:, None] * stride_gt + hq[:, None] * stride_gh + o_d[None, :],
-                          mask=m_o[:, None], other=0.0).to(gl.float32)
+            b_g = gl.load(gate + tok * stride_gt + hq * stride_gh + c_o, mask=m_o, other=0.0).to(gl.float32)
             b_o = b_o / (1.0 + gl.exp(-b_g))
-        gl.store(out + tok[:, None] * stride_ot + hq[:, None] * stride_oh + o_d[None, :],
-                 b_o.to(gl.float16), mask=m_o[:, None])
+        gl.store(out + tok * stride_ot + hq * stride_oh + c_o, b_o.to(gl.float16), mask=m_o)
 
 
 # ---------------------------------------------------------------- host side
@@ -275,9 +246,11 @@ def decode_launch(d: int, rows: int) -> Sm70Attn:
     return replace(c, ctas_per_sm=max(1, min(8, _SM70_SMEM // c.smem_bytes(d))))
 
 
-# Off until its GPU tests (tests/kernels/attention/test_paged_sm70.py -m gpu) have passed on the H200: the first
-# run (2026-12-03) failed without a traceback. While off, the sm_70 row keeps paged.py's tl.dot kernel.
-ENABLED = False
+# The sm_70 row's choice of this kernel (False: paged.py's tl.dot kernel, FMA there). On since the H200 run of
+# 2026-12-03 (Triton 3.6, after the softmax fix of softmax_sm70.py): test_paged_sm70.py -m gpu 51 passed (prefill
+# and decode, fp16 and e5m2, d 64/128/256, GQA 6:1 / 8:1 / 1:1, 1 and 5 rows per sequence, splits 1-17, KV blocks
+# 8-32; max error 2.4e-4-2e-3 against the fp32 twin, bound 4e-3).
+ENABLED = True
 
 
 def sm70_applies(arch: int, q, k_cache) -> bool:

@@ -41,6 +41,18 @@ from ...errors import KernelContractError
 # users run (the H200's 3.6 refused gl.barrier at compile time); kernels call ``cta_barrier()``.
 cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
+
+@gluon.jit
+def _add(a, b):
+    return a + b
+
+
+@gluon.jit
+def cumsum(x, axis: gl.constexpr):
+    """Inclusive prefix sum along ``axis``: ``gl.cumsum`` is newer than Triton 3.6 (3.5 and 3.6 lack it), while
+    ``gl.associative_scan`` exists in 3.5, 3.6 and 3.9."""
+    return gl.associative_scan(x, axis, _add)
+
 # two m8n8k4 per call; early-clobber outputs (=&f) keep ptxas from giving D the registers of A, B or C,
 # which the second instruction still reads
 _MMA884_ASM = gl.constexpr("""
@@ -193,6 +205,6 @@ def stage_index(ROWS: gl.constexpr, L: gl.constexpr):
     return d, h, ll, k
 
 
-__all__ = ["cta_barrier", "Tile884", "pick_tile", "tile_check", "frag_layout", "a_layout", "b_layout", "a_smem_shape", "b_smem_shape", "smem_layout",
+__all__ = ["cta_barrier", "cumsum", "Tile884", "pick_tile", "tile_check", "frag_layout", "a_layout", "b_layout", "a_smem_shape", "b_smem_shape", "smem_layout",
            "mma884", "frag_index", "acc_rows_cols",
            "stage_layout_a", "stage_layout_b", "stage_index"]

@@ -75,8 +75,13 @@ def chunk_steps(q, k, v, g, beta, ssm_states, qsl, state_slots, has_init, scale,
     def offsets():
         gdn_chunk_offsets_kernel[(1,)](qsl, cu, nb, BT=BT, BB=128, num_warps=4)
 
-    # the split's serial kernel holds the state in 64-row blocks, at most two (dk <= 128, the model's)
-    make = _split_launches if cfg.prefill == "split" and q.shape[2] <= 128 else _scan_launches
+    # the split's serial kernel holds the state in 64-row blocks, at most two (dk <= 128, the model's). A row whose
+    # split is there for its HMMA.884 stages (sm_70) runs the scan where none of them applies (not fp16, not CUDA):
+    # its own tl.dot split build (1 stage) is the one that hit an illegal address on the H200 (table.py)
+    hmma_row = cfg.o_hmma or cfg.h_hmma
+    split = cfg.prefill == "split" and q.shape[2] <= 128 and (
+        not hmma_row or o_hmma_applies(cfg, v.dtype, v.device) or h_hmma_applies(cfg, v.dtype, v.device))
+    make = _split_launches if split else _scan_launches
     wy, serial, out, n_serial, max_programs, min_chunks = make(q, k, v, g, beta, o, ssm_states, qsl, cu, state_slots,
                                                                has_init, float(scale), bool(use_qk_l2norm), nb, nt, cfg)
     names = ("wy", "h", "o") if out else ("wy", "scan")

@@ -19,7 +19,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from ..common.aot import AotConfig
-from ..common.mma884 import cta_barrier
+from ..common.mma884 import cta_barrier, cumsum
 from ..common.mma884 import (Tile884, a_layout, a_smem_shape, acc_rows_cols, b_layout, b_smem_shape, frag_layout,
                              mma884, smem_layout, stage_index, stage_layout_a, stage_layout_b)
 from .chunk_o_sm70 import check_o_sm70
@@ -105,7 +105,7 @@ def gdn_chunk_h_sm70_kernel(k, w, u, g, kn, vn, hb, ssm, vec, qsl, cu_chunks, st
             b_g = gl.load(g + (t + o_t1).to(gl.int64) * stride_g_t + i_h, mask=m_t1, other=0.0)
             b_gl = gl.sum(b_g, 0)
             b_f = gl.load(kn + (t + o_t1).to(gl.int64) * HV + i_h, mask=m_t1, other=0.0) * \
-                gl.exp(b_gl - gl.cumsum(b_g, 0))
+                gl.exp(b_gl - cumsum(b_g, 0))
             b_w = gl.load(w + ((t + r_w).to(gl.int64) * HV + i_h) * K + k_w, mask=((t + r_w) < eos) & (k_w < K),
                           other=0.0)
             m_v = ((t + rows_v) < eos) & (c_v < V)

@@ -25,7 +25,7 @@ from triton.experimental.gluon import language as gl
 
 from ...errors import KernelContractError
 from ..common.aot import AotConfig
-from ..common.mma884 import cta_barrier
+from ..common.mma884 import cta_barrier, cumsum
 from ..common.mma884 import (Tile884, a_layout, a_smem_shape, acc_rows_cols, b_layout, b_smem_shape, frag_layout,
                              mma884, smem_layout, stage_index, stage_layout_a, stage_layout_b)
 
@@ -62,7 +62,7 @@ def _vectors(q, g, vec, t, eos, i_h, i_hk, scale, stride_q_t, stride_q_h, stride
     L1: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
     o_t = gl.arange(0, 64, layout=L1)
     m_t = (t + o_t) < eos
-    b_g = gl.cumsum(gl.load(g + (t + o_t).to(gl.int64) * stride_g_t + i_h, mask=m_t, other=0.0), 0)
+    b_g = cumsum(gl.load(g + (t + o_t).to(gl.int64) * stride_g_t + i_h, mask=m_t, other=0.0), 0)
     gl.store(vec + o_t, b_g)
     L2: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
     o_r = gl.arange(0, 64, layout=gl.SliceLayout(1, L2))

@@ -68,11 +68,12 @@ TABLE = {
     # there at all; with this one the mid-size dense / MoE models agree with float32 transformers on 0.998 /
     # 1.0 of 512 teacher-forced tokens (tests/test_arch70_gpu.py). Its speed on a V100 is unknown either way.
     # o_hmma / h_hmma (2026-12-03): the split form's output and state products on HMMA.884 (chunk_o_sm70.py,
-    # chunk_h_sm70.py); they act only when the split form runs, so with prefill="scan" they wait for their GPU
-    # tests (tests/kernels/gdn/test_chunk_sm70.py, -m gpu) before the row's form is switched. Their one H200 run
-    # (Triton 3.6) failed to compile (gl.barrier is newer than Triton 3.6; now common.mma884.cta_barrier), not re-run.
+    # chunk_h_sm70.py), so the row now runs the split (its WY step stays tl.dot, FMA on sm_70); the scan above
+    # remains the bf16 / non-CUDA fall-back's form only in name (sm_70 has no bf16). H200, Triton 3.6, same day:
+    # tests/kernels/gdn/test_chunk_sm70.py -m gpu 7 passed (output alone and both stages, dk 32 / 128, ragged,
+    # 33 chunks in overlapped windows; relative error o 4.5e-4, state 3e-5-7e-5, bound 5e-3).
     70: GDNTable(wy_warps=4, wy_dot="ieee", h_bv=32, h_warps=4, h_stages=1, o_bv=32, o_warps=4, o_stages=1,
-                 scan_bv=64, scan_warps=8, scan_stages=2, rec_bv=32, rec_warps=4, prefill="scan",
+                 scan_bv=64, scan_warps=8, scan_stages=2, rec_bv=32, rec_warps=4, prefill="split",
                  overlap_max_programs=4096, scan_overlap_max_programs=80, o_hmma=True,
                  h_hmma=True),
     # sm_90, H200, 2026-12-01 (bench_gdn.py, whole op, ms at 1 x 8K / 1 x 64K / 8 x 4K ragged; sweep rows

@@ -18,8 +18,9 @@ from triton.experimental.gluon import language as gl
 
 from catengine.errors import KernelContractError
 from catengine.kernels.attention import paged, paged_sm70
-from catengine.kernels.attention.paged_sm70 import (PREFILL_SM70, Sm70Attn, decode_launch, frag_from_2d, frag_to_2d,
-                                                    p_to_a_stage, paged_attention_sm70, sm70_applies)
+from catengine.kernels.attention.paged_sm70 import (PREFILL_SM70, Sm70Attn, decode_launch, paged_attention_sm70,
+                                                    sm70_applies)
+from catengine.kernels.attention.softmax_sm70 import frag_bits, frag_merge, p_to_a_stage
 from catengine.kernels.common.mma884 import (a_layout, a_smem_shape, acc_rows_cols, b_layout, b_smem_shape, frag_layout,
                                              mma884, smem_layout, stage_index, stage_layout_a, stage_layout_b)
 
@@ -44,7 +45,8 @@ def _fake(dtype, d=256, device="cuda"):
 def test_sm70_applies_fp16_on_the_sm70_row_only(monkeypatch):
     monkeypatch.setattr(paged_sm70, "INTERPRET", False)
     q, kc = _fake(torch.float16), _fake(torch.float16)
-    monkeypatch.setattr(paged_sm70, "ENABLED", False)     # until the H200 has passed its GPU tests
+    assert paged_sm70.ENABLED                              # on the sm_70 row since the H200 passed its GPU tests
+    monkeypatch.setattr(paged_sm70, "ENABLED", False)
     assert not sm70_applies(70, q, kc)
     monkeypatch.setattr(paged_sm70, "ENABLED", True)
     assert sm70_applies(70, q, kc) and sm70_applies(70, q, _fake(torch.uint8))
@@ -112,12 +114,13 @@ def test_contract_errors():
 
 # ----------------------------------------------------------------------------- GPU
 # Probes of the kernel's pieces (first in the device run: if the kernel fails, they say which piece): QK^T through
-# the Q and K^T staging, P through the shared-memory round trip into PV's A fragment, each written out both through
-# mma884's own C map (acc_rows_cols, proven by gemm884) and through the 2-D relabelling the softmax uses.
+# the Q and K^T staging, P from a fragment tile through the shared-memory round trip into PV's A fragment, each
+# written out through mma884's own C map (acc_rows_cols, proven by gemm884); the row statistics of the softmax
+# have their own probe (test_softmax_sm70.py).
 
 
 @gluon.jit
-def _probe_kernel(q, k, p, v, s_raw, s_2d, o_raw, o_2d, r_2d, BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr,
+def _probe_kernel(q, k, p, v, s_raw, o_raw, r_raw, BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr,
                   WM: gl.constexpr, WN: gl.constexpr):
     MB: gl.constexpr = BM // 8
     NB: gl.constexpr = BN // 8
@@ -137,15 +140,10 @@ def _probe_kernel(q, k, p, v, s_raw, s_2d, o_raw, o_2d, r_2d, BM: gl.constexpr, 
                    gl.expand_dims(s_k.slice(j * NB, NB).load(b_layout(WM, WN)), 0))
     rr, cc = acc_rows_cols(BM, BN, WM, WN)
     gl.store(s_raw + rr * BN + cc, s)
-    s2 = frag_to_2d(s, BM, BN)
-    L_S: gl.constexpr = s2.type.layout
-    rows = gl.arange(0, BM, layout=gl.SliceLayout(1, L_S))
-    cols = gl.arange(0, BN, layout=gl.SliceLayout(0, L_S))
-    gl.store(s_2d + rows[:, None] * BN + cols[None, :], s2)
-    # P [BM, BN] read in the 2-D layout of S, staged, times V
-    p2 = gl.load(p + rows[:, None] * BN + cols[None, :])
+    # P [BM, BN] read into a fragment tile like S, staged from its bits view, times V
+    p8 = frag_bits(gl.load(p + rr * BN + cc), BM, BN)
     s_p = gl.allocate_shared_memory(gl.float16, a_smem_shape(BM, BN), smem_layout())
-    s_p.store(p_to_a_stage(p2, BM, BN))
+    s_p.store(p_to_a_stage(p8, BM, BN))
     dv, hv, lv, kv = stage_index(NB * ND, LB)
     s_v = gl.allocate_shared_memory(gl.float16, b_smem_shape(BN, D), smem_layout())
     s_v.store(gl.load(v + (8 * (dv // ND) + kv) * D + 8 * (dv % ND) + 4 * hv + lv))
@@ -155,14 +153,8 @@ def _probe_kernel(q, k, p, v, s_raw, s_2d, o_raw, o_2d, r_2d, BM: gl.constexpr, 
                      gl.expand_dims(s_v.slice(j * ND, ND).load(b_layout(WM, WN)), 0))
     ro, co = acc_rows_cols(BM, D, WM, WN)
     gl.store(o_raw + ro * D + co, acc)
-    o2 = frag_to_2d(acc, BM, D)
-    L_O: gl.constexpr = o2.type.layout
-    r_o = gl.arange(0, BM, layout=gl.SliceLayout(1, L_O))
-    d_o = gl.arange(0, D, layout=gl.SliceLayout(0, L_O))
-    gl.store(o_2d + r_o[:, None] * D + d_o[None, :], o2)
-    # 2-D -> fragment -> 2-D, and the fragment written through the C map: both must give back the input
-    back = frag_from_2d(o2 + 1.0, BM, D, LF)
-    gl.store(r_2d + ro * D + co, back)
+    # fragment -> bits -> fragment must give back the accumulator (plus one)
+    gl.store(r_raw + ro * D + co, frag_merge(frag_bits(acc, BM, D) + 1.0, BM, D, LF))
 
 
 @pytest.mark.gpu
@@ -173,14 +165,13 @@ def test_gpu_probe_pieces(bm, bn, d, wm, wn):
     q, k = (torch.randn(n, d, generator=gen, device="cuda").half() for n in (bm, bn))
     p = torch.rand(bm, bn, generator=gen, device="cuda").half()
     v = torch.randn(bn, d, generator=gen, device="cuda").half()
-    out = [torch.full((bm, n), float("nan"), device="cuda") for n in (bn, bn, d, d, d)]
+    out = [torch.full((bm, n), float("nan"), device="cuda") for n in (bn, d, d)]
     _probe_kernel[(1,)](q, k, p, v, *out, BM=bm, BN=bn, D=d, WM=wm, WN=wn, num_warps=wm * wn)
-    s_raw, s_2d, o_raw, o_2d, r_2d = (x.cpu() for x in out)
+    s_raw, o_raw, r_raw = (x.cpu() for x in out)
     s_want = (q.float() @ k.float().T).cpu()
     o_want = (p.float() @ v.float()).cpu()
-    errs = {"qk via C map": (s_raw - s_want).abs().max().item(), "qk via 2-D": (s_2d - s_want).abs().max().item(),
-            "pv via C map": (o_raw - o_want).abs().max().item(), "pv via 2-D": (o_2d - o_want).abs().max().item(),
-            "2-D -> frag": (r_2d - o_raw - 1.0).abs().max().item()}
+    errs = {"qk via C map": (s_raw - s_want).abs().max().item(), "pv via C map": (o_raw - o_want).abs().max().item(),
+            "bits -> frag": (r_raw - o_raw - 1.0).abs().max().item()}
     print(f"\nprobe {bm}x{bn} d{d} w{wm}x{wn}: " + ", ".join(f"{n} {e:.2g}" for n, e in errs.items()), flush=True)
     assert all(e <= 1e-3 for e in errs.values()), errs
 

@@ -63,13 +63,14 @@ def test_switch_picks_the_sm70_rows(forced, family, device):
 
 
 def test_switch_tables_differ_where_a_v100_differs(forced):
-    """The sm_70 choices the switch must reach on an H200: no PDL (griddepcontrol needs sm_90), the GDN scan
-    form with ieee products (no tf32), a V100's 80 SMs for the split counts."""
+    """The sm_70 choices the switch must reach on an H200: no PDL (griddepcontrol needs sm_90), the GDN split
+    form with its HMMA.884 stages and ieee products (no tf32), a V100's 80 SMs for the split counts."""
     forced("70")
     key, sms = arch.device_key(CUDA)
     assert (key, sms) == ("sm70", 80)
     assert not gemm.TABLES[key].gemv.pdl and moe_fused.TABLES[key].decode_pdl == 0
-    assert gdn_table.device_table(CUDA).prefill == "scan" and gdn_table.device_table(CUDA).wy_dot == "ieee"
+    t = gdn_table.device_table(CUDA)
+    assert t.prefill == "split" and t.o_hmma and t.h_hmma and t.wy_dot == "ieee"
     forced("90")
     assert arch.device_key(CUDA) == ("sm90", 132) and gemm.TABLES["sm90"].gemv.pdl
     assert arch.device_key(CPU) == ("sm90", arch.INTERPRETER_SMS)   # the interpreter keeps its small chip

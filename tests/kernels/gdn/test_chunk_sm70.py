@@ -89,6 +89,22 @@ def test_output_twin_matches_the_tl_dot_kernel():
     assert _rel(o, want) < FP16_TOL
 
 
+def test_sm70_row_runs_the_scan_where_no_hmma_stage_applies():
+    """The sm_70 row's split is there for its HMMA.884 stages: with none applying (here: CPU tensors, as for a
+    non-fp16 model) it takes the scan, not its tl.dot split build; a row without HMMA stages keeps its split, and
+    one stage on HMMA.884 is enough for the split (test_chunk_gated_delta_rule_gpu_sm70_split runs o alone)."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v, g, beta, ssm, qsl, slots, has = _case([70, 5], 1, 2, 32, 32, torch.float16, gen)
+    row70, row80 = gdn_table.TABLE[70], dataclasses.replace(gdn_table.TABLE[80], prefill="split")
+    assert row70.prefill == "split" and not o_hmma_applies(row70, q.dtype, q.device)
+
+    def names(table):
+        _, steps = gdr.chunk_steps(q, k, v, g, beta, ssm, qsl, slots, has, 32 ** -0.5, table=table)
+        return [n for n, _ in steps]
+    assert names(row70) == ["offsets", "wy", "scan"]
+    assert names(row80) == ["offsets", "wy", "h", "o"]
+
+
 # ---------------------------------------------------------------- GPU (mma.m8n8k4 emulated on the H200: small)
 @pytest.mark.gpu
 # (the op's cases below run dk = 32 with the l2 norm; without it here: one build fewer in the GPU run)
@@ -116,8 +132,7 @@ SPLIT_CASES = [(True, False, *c) for c in SHAPES] + [(True, True, *c) for c in S
 @pytest.mark.gpu
 @pytest.mark.parametrize("o_hmma,h_hmma,dk,lens,hk,r", SPLIT_CASES)
 def test_chunk_gated_delta_rule_gpu_sm70_split(o_hmma, h_hmma, dk, lens, hk, r):
-    """The whole op on the sm_70 row in the split form (the row's own form is the scan), so that its stages
-    are chunk_o_sm70 (and chunk_h_sm70). Without h_hmma the serial state kernel takes the sm_90 row's dv block /
+    """The whole op on the sm_70 row in its split form, so that its stages are chunk_o_sm70 (and chunk_h_sm70). Without h_hmma the serial state kernel takes the sm_90 row's dv block /
     warps / stages: the sm_70 row's 1-stage tl.dot build hit an illegal address on the H200 (table.py), which
     this test is not about."""
     names = ["wy+h+o overlapped"] if len(lens) == 1 else ["offsets", "wy", "h", "o"]
@@ -146,12 +161,15 @@ def _sm70_split_check(dk, lens, hk, r, o_hmma, h_hmma, names):
 
 
 def test_doctor_reports_the_gdn_path_the_sm70_row_runs(monkeypatch):
-    """The HMMA.884 stages exist, but `catengine doctor` says HMMA.884 for the GDN prefill only once the sm_70
-    row runs the split form (its own form is the scan, all FMA)."""
+    """`catengine doctor` says HMMA.884 for the GDN prefill's state and output stages only when the sm_70 row runs
+    the split form with them (the scan form is all FMA)."""
     from catengine.tools import doctor
     facts = {"gpus": [{"cc": 70}], "catengine_arch": {"forced": None}, "triton": {"version": "3.6.0"},
              "kernels_env": ""}
+    row = gdn_table.TABLE[70]
+    monkeypatch.setitem(gdn_table.TABLE, 70, dataclasses.replace(row, prefill="scan"))
     path = doctor.op_paths(facts)["chunk_gated_delta_rule"]["path"]
-    assert gdn_table.TABLE[70].prefill == "scan" and path.startswith("tl.dot -> FMA") and "scan" in path
-    monkeypatch.setitem(gdn_table.TABLE, 70, dataclasses.replace(gdn_table.TABLE[70], prefill="split"))
-    assert doctor.op_paths(facts)["chunk_gated_delta_rule"]["path"] == "HMMA.884 Gluon"
+    assert path.startswith("tl.dot -> FMA") and "scan" in path
+    monkeypatch.setitem(gdn_table.TABLE, 70, dataclasses.replace(row, prefill="split"))
+    assert "state HMMA.884 Gluon (fp16); output HMMA.884 Gluon (fp16)" in doctor.op_paths(facts)[
+        "chunk_gated_delta_rule"]["path"]
