@@ -69,6 +69,8 @@ class Engine:
         make_current(device)
         self.tokenizer = Tokenizer(cfg.tokenizer or path, chat_template=cfg.chat_template)
         self.model = load_model(path, dtype=cfg.torch_dtype, device=device, load_mtp=False)
+        if cfg.quantize_lm_head:
+            self.model.quantize_lm_head(cfg.quantize_lm_head)
         self.model_config = model_config
         self.device = device
         self.eos_token_ids = tuple(sorted(set(self.tokenizer.eos_token_ids) | set(model_config.eos_token_ids)))

@@ -60,7 +60,9 @@ def gdn_recurrent_kernel(q, k, v, g, beta, o, ssm, qsl, state_slots, has_init, i
     n_init = tl.where(tl.load(has_init + i_b) != 0, K, 0)
     o_s = i_h * K * V + o_k[:, None] * V + o_v[None, :]
     # [BK, BV]
-    b_h = tl.load(ssm + slot * stride_ssm_slot + o_s, mask=(o_k < n_init)[:, None] & m_v[None, :], other=0.)
+    # the slot may be fp16/bf16 (mamba_ssm_cache_dtype): the state is carried in fp32, rounded only when stored
+    b_h = tl.load(ssm + slot * stride_ssm_slot + o_s, mask=(o_k < n_init)[:, None] & m_v[None, :],
+                  other=0.).to(tl.float32)
     for i_t in range(0, eos - bos):
         t = bos + i_t
         t64 = t.to(tl.int64)
@@ -87,10 +89,11 @@ def gdn_recurrent_kernel(q, k, v, g, beta, o, ssm, qsl, state_slots, has_init, i
         if HAS_INTER:
             i_s = tl.load(inter + i_b * stride_inter_b + i_t).to(tl.int64)
             n_rows = tl.where(i_s >= 0, K, 0)
-            tl.store(ssm + tl.maximum(i_s, 0) * stride_ssm_slot + o_s, b_h,
+            tl.store(ssm + tl.maximum(i_s, 0) * stride_ssm_slot + o_s, b_h.to(ssm.dtype.element_ty),
                      mask=(o_k < n_rows)[:, None] & m_v[None, :])
     n_fin = tl.where(eos > bos, K, 0)
-    tl.store(ssm + slot * stride_ssm_slot + o_s, b_h, mask=(o_k < n_fin)[:, None] & m_v[None, :])
+    tl.store(ssm + slot * stride_ssm_slot + o_s, b_h.to(ssm.dtype.element_ty),
+             mask=(o_k < n_fin)[:, None] & m_v[None, :])
 
 
 # ---------------------------------------------------------------- host side
