@@ -1,14 +1,19 @@
 """lm_head at the sampling rows: the W8A16 kernel (--quantize-lm-head int8) against fp16 F.linear (cuBLAS) on
 the 16-bit weight, and the copy-bandwidth limit of each one's bytes, measured in this process.
 
-    PYTHONPATH=. python3 bench/bench_lm_head.py
+    PYTHONPATH=. python3 bench/bench_lm_head.py [--sweep]
 
 Shapes: Qwen3.5-27B (V 248,320, H 5,120) and Qwen3.6-35B-A3B (H 2,048), batch 1 / 8 / 32. Each call is timed
 in one CUDA graph of several calls on rotated weight copies where they fit (so the 50 MB L2 cannot hold a
 weight between calls; at these sizes it cannot anyway). Bandwidth fraction = (weight + activation + logits
-bytes) / time / copy bandwidth; the int8 ideal is the fp16 time x (int8 bytes / fp16 bytes).
+bytes) / time / copy bandwidth; the int8 ideal is the fp16 time x (int8 bytes / fp16 bytes). ``--sweep``
+first times launch candidates at the 27B shape (one line each as it goes) and prints the fastest per M.
 """
 from __future__ import annotations
+
+import argparse
+import itertools
+import time
 
 import torch
 import torch.nn.functional as F
@@ -23,8 +28,42 @@ SHAPES = {"27B": 5_120, "35B-A3B": 2_048}
 BATCHES = (1, 8, 32)
 
 
+def sweep(deadline_s: float = 38) -> None:
+    end = time.time() + deadline_s
+    h = SHAPES["27B"]
+    w = torch.randn(V, h, device="cuda", dtype=torch.float16) * 0.02
+    q, s = quantize_per_channel(w, torch.float16)
+    del w
+    bw = copy_bandwidth_gbs() * 1e9
+    for m, bms in ((1, (16,)), (8, (16,)), (32, (16, 32)), (64, (16, 32, 64))):
+        x = torch.randn(m, h, device="cuda", dtype=torch.float16)
+        ref = w8a16_linear(x, q, s)
+        best = None
+        for bm, bn, bk, warps, stages in itertools.product(bms, (64, 128, 256), (128, 256), (4, 8), (3,)):
+            if time.time() > end:
+                print("sweep: deadline reached", flush=True)
+                return
+            c = gemv.W8A16Config(bm, bn, bk, warps, stages)
+            try:
+                err = ((gemv.w8a16_linear_with(x, q, s, c) - ref).norm() / ref.norm()).item()
+                t = graph_ms([lambda c=c: gemv.w8a16_linear_with(x, q, s, c)] * 4)
+            except Exception as e:      # out of shared memory / registers: skip the candidate
+                print(f"sweep M={m} {c}: {type(e).__name__}", flush=True)
+                continue
+            frac = (V * h + 2 * V + 4 * m * V) / (t * 1e-3) / bw
+            print(f"sweep M={m} {c}: {t * 1e3:.0f} us, {frac:.3f} of copy bw, err {err:.1e}", flush=True)
+            if err < 1e-4 and (best is None or t < best[0]):
+                best = (t, c)
+        print(f"sweep best M={m}: {best[1]} {best[0] * 1e3:.0f} us", flush=True)
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sweep", action="store_true")
+    args = ap.parse_args()
     print(device_header(), flush=True)
+    if args.sweep:
+        sweep()
     bw = copy_bandwidth_gbs() * 1e9
     rows = []
     for name, h in SHAPES.items():

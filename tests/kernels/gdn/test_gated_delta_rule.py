@@ -289,6 +289,9 @@ def test_recurrent_gpu_real_shape():
 # roundoff (fp16 4.9e-4, bf16 3.9e-3) and in practice far below it; the output is fp32 math on equal
 # inputs (1e-4 at fp32 inputs).
 STATE_TOL = {torch.float32: 1e-5, torch.float16: 5e-4, torch.bfloat16: 4e-3}
+# compiled on CUDA, the chunked forms multiply fp32 inputs on tf32 (GDNTable.wy_dot; 10-bit mantissa, roundoff
+# 4.9e-4 per product, like fp16): the fp16 bound then, whatever the state dtype (the H200 measured 1.8e-3)
+CHUNK_F32_TOL = TOL[torch.float16] if DEV == "cuda" else 1e-4
 STATE_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
@@ -324,8 +327,8 @@ def test_chunk_state_dtype_matches_twin(state_dtype, prefill):
     o, ssm_d = _run(dataclasses.replace(gdn_table.TABLE[80], prefill=prefill), q, k, v, g, beta, ssm, qsl, slots,
                     has, 0.25)
     assert ssm_d.dtype == state_dtype
-    assert _rel(o, o_ref) < 1e-4
-    assert _rel(ssm_d, ssm_ref) < STATE_TOL[state_dtype]
+    assert _rel(o, o_ref) < CHUNK_F32_TOL
+    assert _rel(ssm_d, ssm_ref) < max(STATE_TOL[state_dtype], CHUNK_F32_TOL if DEV == "cuda" else 0)
 
 
 def test_state_dtype_rejects_int8():
