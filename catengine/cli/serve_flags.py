@@ -4,7 +4,8 @@ Users paste vLLM command lines after ``catengine serve``; every flag of those li
 ``serve`` parser (never argparse's bare usage) and gets one of three treatments:
 
 - **real**: catengine has the feature and the flag behaves as in vLLM (``--cuda-graph-sizes``,
-  ``--generation-config``, ``--response-role``, ``--ssl-certfile``, ...);
+  ``--generation-config``, ``--response-role``, ``--ssl-certfile``, ``--mamba-ssm-cache-dtype``, ...);
+  ``--quantize-lm-head int8`` is catengine's own (vLLM has no such flag);
 - **logged and ignored**: the flag only tunes vLLM's internals (attention backend, swap space, partial
   prefills, ...), so it changes nothing a client sees here; one warning line per flag at start;
 - **refused** with a ConfigError naming the flag and why, where catengine lacks the feature and ignoring it

@@ -171,8 +171,12 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, ssm_states, query_start_loc, st
         for t in range(s1 - s0):
             S = S * gb[t].exp()[:, None, None]
             delta = bb[t][:, None] * (vb[t] - (S * kb[t][:, :, None]).sum(1))  # [Hv, dv]
+            # rounded to the slot dtype after every token, as if stored and reloaded (no-op for fp32): several
+            # tokens in one call equal as many one-token calls
+            # tokens in one call equal as many one-token calls; the output reads the unrounded state
             S = S + kb[t][:, :, None] * delta[:, None, :]
             out[s0 + t] = (S * qb[t][:, :, None]).sum(1).to(v.dtype)
+            S = S.to(ssm_states.dtype).float()
             if intermediate_state_slots is not None and int(intermediate_state_slots[b, t]) >= 0:
                 ssm_states[int(intermediate_state_slots[b, t])] = S.to(ssm_states.dtype)
         ssm_states[slot] = S.to(ssm_states.dtype)

@@ -84,7 +84,10 @@ def gdn_recurrent_kernel(q, k, v, g, beta, o, ssm, qsl, state_slots, has_init, i
         b_hq = tl.sum(b_h * b_q[:, None], 0)
         b_v = b_beta * (b_v - b_e * b_hk)
         b_o = b_e * b_hq + tl.sum(b_q * b_k, 0) * b_v
-        b_h = b_h * b_e + b_k[:, None] * b_v[None, :]
+        # rounded to the slot dtype after every token (a no-op for fp32), as if stored and reloaded: k tokens
+        # verified in one launch then give the state (and outputs) of k one-token decodes, so speculative
+        # decoding keeps greedy output with a 16-bit state too
+        b_h = (b_h * b_e + b_k[:, None] * b_v[None, :]).to(ssm.dtype.element_ty).to(tl.float32)
         tl.store(o + t64 * stride_o_t + i_h * stride_o_h + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
         if HAS_INTER:
             i_s = tl.load(inter + i_b * stride_inter_b + i_t).to(tl.int64)
