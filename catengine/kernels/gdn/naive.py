@@ -78,7 +78,8 @@ def chunk_gated_delta_rule(q, k, v, g, beta, ssm_states, query_start_loc, state_
     """Gated delta rule over a varlen batch in the chunked (UT-transform) form.
 
     q, k: [T, Hk, dk]; v: [T, Hv, dv] (value head h uses key head h // (Hv // Hk)); g (log decay,
-    <= 0), beta: [T, Hv] fp32; ssm_states: [num_slots, Hv, dk, dv] fp32, read from state_slots[b]
+    <= 0), beta: [T, Hv] fp32; ssm_states: [num_slots, Hv, dk, dv] fp32, fp16 or bf16 (loaded to fp32,
+    rounded when stored), read from state_slots[b]
     when has_initial_state[b] (else zeros) and overwritten with the final state.
     Per token: S = exp(g) S; S += k (beta (v - S^T k))^T; o = S^T q, with q, k l2-normalised when
     ``use_qk_l2norm`` and q scaled by ``scale``. Returns o: [T, Hv, dv] in v.dtype.
