@@ -48,9 +48,11 @@ class EngineConfig:
     max_num_batched_tokens: int | None = _help("token budget of one step (prompt chunks + decodes); None: 8192 on "
                                                "CUDA, 2048 on CPU")
     kv_cache_dtype: str = _help("KV cache storage: auto (the model dtype) or fp8_e5m2", "auto")
-    mamba_ssm_cache_dtype: str = _help("GDN recurrent state storage: float32, float16, bfloat16 or auto (the "
-                                       "model dtype, vLLM's meaning); the kernels compute in fp32 either way",
-                                       "float32")
+    mamba_ssm_cache_dtype: str = _help("GDN recurrent state storage: auto (the model dtype, vLLM's default: "
+                                       "float32 on CPU, float16 on CUDA), float32, float16 or bfloat16; the "
+                                       "kernels compute in fp32 and round only the stored state (a float16 "
+                                       "state cost 2.5e-4 mean |delta log p| on the demo model, bench/NOTES.md, "
+                                       "for half the state traffic)", "auto")
     quantize_lm_head: str | None = _help("int8: the lm_head as W8A16 (int8 weights, one fp16/bf16 scale per "
                                          "vocabulary row, quantised at load; half the bytes of the largest "
                                          "16-bit matrix of an AWQ checkpoint); None: the checkpoint's weights")

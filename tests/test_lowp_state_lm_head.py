@@ -1,6 +1,7 @@
 """mamba_ssm_cache_dtype and quantize_lm_head through the engine (tiny random model, CPU twins).
 
-- float32 state (explicit, or "auto" on a float32 model) is the engine as before: identical greedy tokens.
+- float32 state (explicit, or "auto", the default, on a float32 model) is the engine as before: identical
+  greedy tokens.
 - A 16-bit state: slots allocated in that dtype (the plan's per-slot bytes follow), teacher-forced next-token
   log-probs close to the float32 state's. Bound: each stored state element carries a relative rounding of at
   most the unit roundoff u (fp16 2^-11, bf16 2^-8); the decay exp(g) <= 1 and the delta-rule update
