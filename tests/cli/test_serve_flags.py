@@ -83,7 +83,8 @@ def test_refused_flags_name_themselves_and_why(line, match):
         serve_cli.engine_kwargs(parse(line))
 
 
-@pytest.mark.parametrize("line,want", [("", "auto"), ("--mamba-ssm-cache-dtype float32", "float32"), ("--mamba-ssm-cache-dtype float16", "float16"),
+@pytest.mark.parametrize("line,want", [("", "auto"), ("--mamba-ssm-cache-dtype float32", "float32"),
+                                       ("--mamba-ssm-cache-dtype float16", "float16"),
                                        ("--mamba-cache-dtype bfloat16", "bfloat16"),
                                        ("--mamba-ssm-cache-dtype auto", "auto")])
 def test_mamba_ssm_cache_dtype_is_real(line, want):

@@ -159,4 +159,5 @@ def aot_configs(cc: int) -> list[AotConfig]:
                    f"recurrent{'_inter' if inter else ''}_{dt}") for inter in (False, True)] + [
         # 16-bit state slots (mamba_ssm_cache_dtype): the decode kernel that reads and writes them every token
         aot_config(gdn_recurrent_kernel, {**ptrs, "ssm": f"*{sdt}"}, dict(AOT_DIMS, BV=c.rec_bv, HAS_INTER=False),
-                   c.rec_warps, 1, f"recurrent_{dt}_state_{sdt}") for sdt in ("fp16",) + (("bf16",) if cc >= 80 else ())]
+                   c.rec_warps, 1, f"recurrent_{dt}_state_{sdt}")
+        for sdt in ("fp16",) + (("bf16",) if cc >= 80 else ())]

@@ -40,7 +40,8 @@ def test_quantizer_is_symmetric_per_channel_and_within_half_a_step():
 @pytest.mark.parametrize("m", [1, 2, 3, 16, 17, 40, 70])
 @pytest.mark.parametrize("dtype", [torch.float16] + ([torch.bfloat16] if DEV == "cuda" else []))
 def test_kernel_matches_twin(m, dtype):
-    # N, K not multiples of the blocks (masks); M from one row (the dot pads to 16) through each config to several M blocks
+    # N, K not multiples of the blocks (masks); M from one row (the dot pads to 16) through each config to
+    # several M blocks
     n, k = 300, 200
     x, q, s, _ = _case(m, n, k, dtype, seed=m)
     want = w8a16_linear(x, q, s)
