@@ -186,12 +186,40 @@ def sweep_moe(deadline, dtype):
 
 
 
+def bench_align(dtype=torch.float16):
+    """Routing alignment (the prefill path's sort / pad): the torch glue (moe.naive.align_tokens, ~15
+    launches) against the one-program Triton kernel, alone and inside fused_moe, 2-256 tokens of top-8."""
+    w13, w2 = moe_weights(dtype)
+    rows = []
+    for t in (2, 8, 32, 64, 256):
+        routes = [route.moe_route(torch.randn(t, E, device="cuda"), TOPK, True) for _ in range(4)]
+        same = all(torch.equal(a, b) for r in routes for a, b in zip(route.align_tokens(r[1], E, 16),
+                                                                    reference.align_tokens(r[1], E, 16)))
+        t_glue = graph_ms(rotated(routes, lambda r: reference.align_tokens(r[1], E, 16)))
+        t_kern = graph_ms(rotated(routes, lambda r: route.align_tokens(r[1], E, 16)))
+        x = torch.randn(t, HID, device="cuda", dtype=dtype)
+        t_new = graph_ms(rotated(routes, lambda r: moe.fused_moe(x, w13, w2, *r)))
+        moe.align_tokens = reference.align_tokens
+        try:
+            t_old = graph_ms(rotated(routes, lambda r: moe.fused_moe(x, w13, w2, *r)))
+        finally:
+            moe.align_tokens = route.align_tokens
+        rows.append([t, t_glue * 1e3, t_kern * 1e3, t_glue / t_kern, t_old * 1e3, t_new * 1e3, same])
+    print_table("MoE alignment: torch glue (before) vs Triton kernel (after), us per call in a CUDA graph",
+                ["tokens", "glue us", "kernel us", "glue / kernel", "fused_moe before us", "fused_moe after us",
+                 "identical"], rows)
+
+
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--align", action="store_true", help="only the routing-alignment table")
     ap.add_argument("--sweep", action="store_true",
                     help="time MOE_DECODE_CANDIDATES, then print the table with the fastest decode entry")
     args = ap.parse_args()
     print(device_header(), flush=True)
+    if args.align:
+        bench_align()
+        return
     if args.sweep:
         key, _ = w4a16.device_key("cuda")
         best = sweep_moe_decode()

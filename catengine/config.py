@@ -27,6 +27,8 @@ CPU_KV_CACHE_BYTES = 256 << 20   # default KV + state budget on CPU
 DEFAULT_MAX_NUM_SEQS = {"cuda": 256, "cpu": 64}
 DEFAULT_MAX_BATCHED_TOKENS = {"cuda": 8192, "cpu": 2048}
 DISTRIBUTED_BACKENDS = ("mp", "external_launcher")
+SSM_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
+LM_HEAD_QUANT = (None, "int8")
 
 
 def _help(text: str, default=None, **kw):
@@ -47,6 +49,14 @@ class EngineConfig:
     max_num_batched_tokens: int | None = _help("token budget of one step (prompt chunks + decodes); None: 8192 on "
                                                "CUDA, 2048 on CPU")
     kv_cache_dtype: str = _help("KV cache storage: auto (the model dtype) or fp8_e5m2", "auto")
+    mamba_ssm_cache_dtype: str = _help("GDN recurrent state storage: auto (the model dtype, vLLM's default: "
+                                       "float32 on CPU, float16 on CUDA), float32, float16 or bfloat16; the "
+                                       "kernels compute in fp32 and round only the stored state (a float16 "
+                                       "state cost 2.5e-4 mean |delta log p| on the demo model, bench/NOTES.md, "
+                                       "for half the state traffic)", "auto")
+    quantize_lm_head: str | None = _help("int8: the lm_head as W8A16 (int8 weights, one fp16/bf16 scale per "
+                                         "vocabulary row, quantised at load; half the bytes of the largest "
+                                         "16-bit matrix of an AWQ checkpoint); None: the checkpoint's weights")
     block_size: int = _help("tokens per KV block (also the prefix-cache and state-snapshot granularity)",
                         DEFAULT_BLOCK_SIZE)
     enable_prefix_caching: bool = _help("reuse the KV blocks and GDN states of shared prompt prefixes", True)
@@ -91,6 +101,11 @@ class EngineConfig:
                     if isinstance(self.kv_cache_dtype, str) and self.kv_cache_dtype.startswith("fp8") else "")
             raise ConfigError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not supported{hint}; use "
                               f"{' or '.join(KV_CACHE_DTYPES)}")
+        if self.mamba_ssm_cache_dtype not in SSM_CACHE_DTYPES:
+            raise ConfigError(f"mamba_ssm_cache_dtype {self.mamba_ssm_cache_dtype!r} is not supported; use "
+                              f"{', '.join(SSM_CACHE_DTYPES)}")
+        if self.quantize_lm_head not in LM_HEAD_QUANT:
+            raise ConfigError(f"quantize_lm_head {self.quantize_lm_head!r} is not supported; use None or 'int8'")
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory_bytes",
                      "num_kv_blocks"):
             _positive_int(self, name, optional=True)
@@ -145,7 +160,11 @@ class EngineConfig:
             raise ConfigError(f"max_num_batched_tokens ({budget}) must be >= max_num_seqs ({max_num_seqs}); "
                               f"raise it or lower max_num_seqs")
         dtype_name = self.dtype if self.dtype != "auto" else ("float32" if device.type == "cpu" else "float16")
-        return dataclasses.replace(self, device=str(device), dtype=_canonical_dtype(dtype_name),
+        dtype_name = _canonical_dtype(dtype_name)
+        ssm = dtype_name if self.mamba_ssm_cache_dtype == "auto" else self.mamba_ssm_cache_dtype
+        if ssm == "bfloat16" and device.type == "cuda" and not bf16_supported(device):
+            raise ConfigError("mamba_ssm_cache_dtype bfloat16 needs an sm_80+ GPU; use float16 or float32")
+        return dataclasses.replace(self, device=str(device), dtype=dtype_name, mamba_ssm_cache_dtype=ssm,
                                    max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
 
     @property
@@ -153,6 +172,13 @@ class EngineConfig:
         if self.dtype == "auto":
             raise ConfigError("dtype is still 'auto'; call resolve() first")
         return DTYPES[self.dtype.lower()]
+
+    @property
+    def ssm_torch_dtype(self) -> torch.dtype:
+        """The GDN recurrent state slots' dtype (after resolve(): "auto" is then the model dtype)."""
+        if self.mamba_ssm_cache_dtype == "auto":
+            raise ConfigError("mamba_ssm_cache_dtype is still 'auto'; call resolve() first")
+        return DTYPES[self.mamba_ssm_cache_dtype]
 
 
 def resolve_device(name: str) -> torch.device:

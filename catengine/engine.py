@@ -73,6 +73,8 @@ class Engine:
         self.executor = TPExecutor(path, cfg, device) if cfg.tensor_parallel_size > 1 else None
         self.model = self.executor.model if self.executor is not None else \
             load_model(path, dtype=cfg.torch_dtype, device=device, load_mtp=False)
+        if cfg.quantize_lm_head:
+            self.model.quantize_lm_head(cfg.quantize_lm_head)
         self.model_config = model_config
         self.device = device
         self.eos_token_ids = tuple(sorted(set(self.tokenizer.eos_token_ids) | set(model_config.eos_token_ids)))

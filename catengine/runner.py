@@ -111,13 +111,14 @@ class ModelRunner:
         """The plan for this model's cache sizes; ``cfg.block_size`` is read here, where the plan takes it."""
         cfg, model = self.config, self.model
         return plan_memory(cfg, kv_bytes_per_block=model.kv_cache_bytes_per_block(cfg.block_size, cfg.kv_cache_dtype),
-                           state_bytes_per_slot=model.state_bytes_per_slot(),
+                           state_bytes_per_slot=model.state_bytes_per_slot(cfg.ssm_torch_dtype),
                            hybrid=bool(model.config.linear_attention_layers),
                            max_position_embeddings=model.config.max_position_embeddings, budget_bytes=budget_bytes)
 
     def _allocate(self, num_blocks: int, num_slots: int, *, block_size: int) -> ModelCaches:
         """The real caches, and the throw-away ones of the profiled step and the warm-up."""
-        return self.model.allocate_caches(num_blocks, block_size, num_slots, self.config.kv_cache_dtype, self.device)
+        return self.model.allocate_caches(num_blocks, block_size, num_slots, self.config.kv_cache_dtype, self.device,
+                                          ssm_dtype=self.config.ssm_torch_dtype)
 
     def enable_decode_graphs(self, capture: bool = True) -> None:
         """Replay decode-only steps of up to min(max_num_seqs, 256) sequences from CUDA graphs

@@ -4,12 +4,12 @@ Users paste vLLM command lines after ``catengine serve``; every flag of those li
 ``serve`` parser (never argparse's bare usage) and gets one of three treatments:
 
 - **real**: catengine has the feature and the flag behaves as in vLLM (``--cuda-graph-sizes``,
-  ``--generation-config``, ``--response-role``, ``--ssl-certfile``, ...);
+  ``--generation-config``, ``--response-role``, ``--ssl-certfile``, ``--mamba-ssm-cache-dtype``, ...);
+  ``--quantize-lm-head int8`` is catengine's own (vLLM has no such flag);
 - **logged and ignored**: the flag only tunes vLLM's internals (attention backend, swap space, partial
   prefills, ...), so it changes nothing a client sees here; one warning line per flag at start;
 - **refused** with a ConfigError naming the flag and why, where catengine lacks the feature and ignoring it
-  would change what the user gets: expert parallelism (tensor parallelism splits every expert instead), a
-  non-fp32 GDN state dtype.
+  would change what the user gets: expert parallelism (tensor parallelism splits every expert instead).
 
 Speculative decoding (``--speculative-config``, ``--num-speculative-tokens``) is refused too, after its JSON
 is parsed and checked: MTP does not exist yet (issue 20). It would not change the tokens, only the speed,
@@ -62,6 +62,12 @@ def _json_object(flag: str):
     return parse
 
 
+def _field_default(name: str):
+    """An EngineConfig field's default, so the flag has the engine's (EngineConfig owns the setting)."""
+    from ..config import EngineConfig
+    return EngineConfig.__dataclass_fields__[name].default
+
+
 def add_engine_compat_arguments(p: argparse.ArgumentParser) -> None:
     """vLLM flags that act on the engine (serve and generate)."""
     p.add_argument("--cuda-graph-sizes", type=int, nargs="+", default=None, metavar="N",
@@ -76,8 +82,13 @@ def add_engine_compat_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speculative-config", type=_json_object("--speculative-config"), default=None,
                    help="not implemented yet (MTP, issue 20): refused with a message")
     p.add_argument("--num-speculative-tokens", type=int, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--mamba-ssm-cache-dtype", "--mamba-cache-dtype", dest="mamba_ssm_cache_dtype", default="auto",
-                   help="GDN recurrent state dtype: auto or float32 (what catengine keeps)")
+    p.add_argument("--mamba-ssm-cache-dtype", "--mamba-cache-dtype", dest="mamba_ssm_cache_dtype",
+                   default=_field_default("mamba_ssm_cache_dtype"),
+                   help="GDN recurrent state dtype: auto (default: the model dtype), float32, float16 or "
+                        "bfloat16; the kernels compute in fp32 and round only the stored state (cost measured "
+                        "in bench/NOTES.md: float16 2.5e-4, bfloat16 2.3e-3 mean |delta log p| per token)")
+    p.add_argument("--quantize-lm-head", default=_field_default("quantize_lm_head"), metavar="int8",
+                   help="int8: the lm_head as W8A16 (per-row int8, quantised at load); default: as stored")
     p.add_argument("--enable-expert-parallel", action="store_true", help="refused: not implemented; --tensor-parallel-size splits every expert instead")
     p.add_argument("--language-model-only", action="store_true",
                    help="accepted: catengine serves only the language model")
@@ -126,13 +137,11 @@ def engine_compat_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError("--enable-expert-parallel (whole experts per GPU) is not implemented: catengine's "
                           "--tensor-parallel-size splits every expert's intermediate dimension over the GPUs instead; "
                           "drop the flag")
-    dtype = str(getattr(args, "mamba_ssm_cache_dtype", "auto")).lower()
-    if dtype not in ("auto", "float32", "fp32"):
-        raise ConfigError(f"--mamba-ssm-cache-dtype {dtype}: catengine keeps the Gated DeltaNet recurrent state in "
-                          f"float32 (a lower-precision state is not implemented yet); use auto or float32")
     speculative_config(args)
     structured = structured_outputs_config(args)
-    return {"cuda_graph_sizes": cuda_graph_sizes(args), "structured_outputs_backend": structured["backend"],
+    return {"mamba_ssm_cache_dtype": str(args.mamba_ssm_cache_dtype).lower(), "quantize_lm_head": args.quantize_lm_head,
+            "cuda_graph_sizes": cuda_graph_sizes(args),
+            "structured_outputs_backend": structured["backend"],
             "structured_outputs_disable_any_whitespace": structured["disable_any_whitespace"]}
 
 

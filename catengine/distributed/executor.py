@@ -196,11 +196,15 @@ class RemoteModel:
         return getattr(self.local, name)
 
     def allocate_caches(self, num_blocks: int, block_size: int, num_state_slots: int, kv_cache_dtype: str = "auto",
-                        device=None) -> RemoteCaches:
+                        device=None, ssm_dtype: torch.dtype = torch.float32) -> RemoteCaches:
         cid = self.executor.new_cache_id()
-        self.executor.send(("alloc", cid, (num_blocks, block_size, num_state_slots, kv_cache_dtype)))
-        return RemoteCaches(self.executor, cid,
-                            self.local.allocate_caches(num_blocks, block_size, num_state_slots, kv_cache_dtype, device))
+        self.executor.send(("alloc", cid, (num_blocks, block_size, num_state_slots, kv_cache_dtype), ssm_dtype))
+        return RemoteCaches(self.executor, cid, self.local.allocate_caches(
+            num_blocks, block_size, num_state_slots, kv_cache_dtype, device, ssm_dtype=ssm_dtype))
+
+    def quantize_lm_head(self, kind: str) -> None:   # every rank quantises its own vocab slice
+        self.executor.send(("quantize_lm_head", kind))
+        self.local.quantize_lm_head(kind)
 
     def __call__(self, input_ids, positions, batch, caches: RemoteCaches):
         ex = self.executor

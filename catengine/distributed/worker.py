@@ -81,7 +81,9 @@ def run(spec: DistSpec) -> None:
             if op == "stop":
                 return
             if op == "alloc":
-                caches[msg[1]] = model.allocate_caches(*msg[2], device=device)
+                caches[msg[1]] = model.allocate_caches(*msg[2], device=device, ssm_dtype=msg[3])
+            elif op == "quantize_lm_head":
+                model.quantize_lm_head(msg[1])
             elif op == "free":
                 for cid in msg[1]:
                     caches.pop(cid, None)

@@ -21,6 +21,7 @@ from .norm import naive as norm_naive
 from .sampling import naive as sampling_naive
 from .w4a16 import naive as w4a16_naive
 from .w4a16.packing import QuantizedWeight
+from .w8a16 import naive as w8a16_naive
 
 
 class DuplicateOpError(CatEngineError):
@@ -178,6 +179,14 @@ def w4a16_linear(x, weight: QuantizedWeight, bias=None):
     return w4a16_naive.w4a16_linear(x, weight, bias)
 
 
+@_op(w8a16_naive.w8a16_linear)
+def w8a16_linear(x, qweight, scales):
+    if use_triton(x.device):
+        from .w8a16 import gemv
+        return gemv.w8a16_linear(x, qweight, scales)
+    return w8a16_naive.w8a16_linear(x, qweight, scales)
+
+
 @_op(moe_naive.moe_route)
 def moe_route(router_logits, top_k: int, renormalize: bool = True):
     if use_triton(router_logits.device):
@@ -223,6 +232,7 @@ def triton_ops() -> dict[str, Callable]:
     from .norm import norm_rope
     from .sampling import bitmask, sampler
     from .w4a16 import dequant
+    from .w8a16 import gemv
     return {
         "rms_norm": norm_rope.rms_norm, "gated_rms_norm": norm_rope.gated_rms_norm, "silu_mul": norm_rope.silu_mul,
         "qk_norm_rope": norm_rope.qk_norm_rope, "store_kv": kv_store.store_kv,
@@ -230,6 +240,7 @@ def triton_ops() -> dict[str, Callable]:
         "causal_conv1d_update": conv1d.causal_conv1d_update, "gdn_gating": recurrent.gdn_gating,
         "chunk_gated_delta_rule": chunk.chunk_gated_delta_rule,
         "recurrent_gated_delta_rule": recurrent.recurrent_gated_delta_rule, "w4a16_linear": dequant.w4a16_linear,
+        "w8a16_linear": gemv.w8a16_linear,
         "moe_route": route.moe_route, "fused_moe": fused.fused_moe, "sample_tokens": sampler.sample_tokens,
         "apply_token_bitmask": bitmask.apply_token_bitmask,
     }

@@ -80,7 +80,7 @@ class AttentionCache:
 @dataclass
 class GDNStateCache:
     """State slots of one Gated DeltaNet layer: conv [num_slots, Kc-1, conv_dim] (model dtype) and
-    recurrent ssm [num_slots, Hv, dk, dv] fp32."""
+    recurrent ssm [num_slots, Hv, dk, dv] in EngineConfig.mamba_ssm_cache_dtype (the model dtype by default)."""
     conv: torch.Tensor
     ssm: torch.Tensor
 

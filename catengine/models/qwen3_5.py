@@ -32,6 +32,7 @@ class Qwen3_5ForCausalLM:
         self.norm = Norm(config.rms_norm_eps)
         self.embed_tokens: torch.Tensor | None = None   # [V / N, H]: this rank's vocab rows (vocab_range)
         self.lm_head: torch.Tensor | None = None
+        self.lm_head_int8: tuple[torch.Tensor, torch.Tensor] | None = None   # (qweight [V, H], scales [V])
         self.mtp = MTPHead(config, self.rope_cache, self.layout, self.group) if with_mtp else None
 
     # ------------------------------------------------------------------ weights
@@ -57,6 +58,16 @@ class Qwen3_5ForCausalLM:
         if self.config.tie_word_embeddings:
             self.lm_head = self.embed_tokens
 
+    def quantize_lm_head(self, mode: str) -> None:
+        """``mode`` "int8": replace the lm_head by per-row int8 weights and 16-bit scales (W8A16; computed
+        here, after loading). A tied lm_head keeps embed_tokens for the embedding lookups."""
+        if mode != "int8":
+            raise ConfigError(f"quantize_lm_head {mode!r} is not supported; use 'int8'")
+        from ..kernels.w8a16.naive import quantize_per_channel
+        self.lm_head_int8 = quantize_per_channel(self.lm_head, self.dtype)
+        if not self.config.tie_word_embeddings:
+            self.lm_head = None   # the 16-bit copy would otherwise stay resident
+
     # ------------------------------------------------------------------ caches
     def kv_cache_torch_dtype(self, kv_cache_dtype: str) -> torch.dtype:
         """The K/V tensors' dtype for a :data:`~catengine.models.kv_cache_dtype.KV_CACHE_DTYPES` name."""
@@ -72,14 +83,17 @@ class Qwen3_5ForCausalLM:
         elem = torch.empty(0, dtype=self.kv_cache_torch_dtype(kv_cache_dtype)).element_size()
         return 2 * block_size * self.layout.nkv * c.head_dim * elem * self.num_attention_caches
 
-    def state_bytes_per_slot(self) -> int:
+    def state_bytes_per_slot(self, ssm_dtype: torch.dtype = torch.float32) -> int:
         c, tp = self.config, self.layout
         conv = (c.linear_conv_kernel_dim - 1) * tp.conv_dim * torch.empty(0, dtype=self.dtype).element_size()
-        ssm = tp.hv * c.linear_key_head_dim * c.linear_value_head_dim * 4
+        ssm = tp.hv * c.linear_key_head_dim * c.linear_value_head_dim * torch.empty(0, dtype=ssm_dtype).element_size()
         return (conv + ssm) * len(c.linear_attention_layers)
 
     def allocate_caches(self, num_blocks: int, block_size: int, num_state_slots: int,
-                        kv_cache_dtype: str = "auto", device=None) -> ModelCaches:
+                        kv_cache_dtype: str = "auto", device=None,
+                        ssm_dtype: torch.dtype = torch.float32) -> ModelCaches:
+        """``ssm_dtype``: the recurrent state slots' storage (EngineConfig.mamba_ssm_cache_dtype); the GDN
+        kernels load it to fp32, compute in fp32 and round only what they store."""
         c, tp, device = self.config, self.layout, device or self.device
         kv_dtype = self.kv_cache_torch_dtype(kv_cache_dtype)
 
@@ -96,7 +110,7 @@ class Qwen3_5ForCausalLM:
                 conv = torch.zeros((num_state_slots, c.linear_conv_kernel_dim - 1, tp.conv_dim),
                                    dtype=self.dtype, device=device)
                 ssm = torch.zeros((num_state_slots, tp.hv, c.linear_key_head_dim,
-                                   c.linear_value_head_dim), dtype=torch.float32, device=device)
+                                   c.linear_value_head_dim), dtype=ssm_dtype, device=device)
                 layers.append(GDNStateCache(conv, ssm))
         if self.mtp is not None:
             layers.append(attention_cache())
@@ -122,7 +136,10 @@ class Qwen3_5ForCausalLM:
         return h
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(hidden, self.lm_head).float()
+        if self.lm_head_int8 is not None:
+            logits = ops.w8a16_linear(hidden, *self.lm_head_int8)
+        else:
+            logits = F.linear(hidden, self.lm_head).float()
         if self.group.size == 1:
             return logits
         # every rank's vocab slice, padded to one width (the last may be short), gathered in rank order

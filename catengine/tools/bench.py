@@ -160,7 +160,7 @@ class EngineBench:
         mc, model, bs = self.engine.model_config, self.engine.model, self.engine.config.block_size
         weights = decode_weight_bytes(safetensors_sizes(path), mc.num_experts, mc.num_experts_per_tok)
         kv = model.kv_cache_bytes_per_block(bs, kv_cache_dtype) * ctx // bs
-        state = 2 * model.state_bytes_per_slot()
+        state = 2 * model.state_bytes_per_slot(self.engine.config.ssm_torch_dtype)
         return {"weights": weights, "kv": kv, "gdn_state": state, "total": weights + kv + state}
 
     def close(self) -> None:

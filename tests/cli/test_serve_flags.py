@@ -76,13 +76,25 @@ def test_graph_sizes_reach_the_runner():
      "num_speculative_tokens must be an integer in \\[1, 8\\]"),
     ("--speculative-config '{\"method\": \"magic\"}'", "not a vLLM speculative method"),
     ("--speculative-config '{\"num_speculative_tokens\": 2}' --num-speculative-tokens 3", "disagrees"),
-    ("--mamba-ssm-cache-dtype float16", "--mamba-ssm-cache-dtype float16: .*float32"),
-    ("--mamba-cache-dtype bfloat16", "--mamba-ssm-cache-dtype bfloat16"),
     ("--enable-expert-parallel", "--enable-expert-parallel .*not implemented.*--tensor-parallel-size"),
 ])
 def test_refused_flags_name_themselves_and_why(line, match):
     with pytest.raises(ConfigError, match=match):
         serve_cli.engine_kwargs(parse(line))
+
+
+@pytest.mark.parametrize("line,want", [("", "auto"), ("--mamba-ssm-cache-dtype float32", "float32"),
+                                       ("--mamba-ssm-cache-dtype float16", "float16"),
+                                       ("--mamba-cache-dtype bfloat16", "bfloat16"),
+                                       ("--mamba-ssm-cache-dtype auto", "auto")])
+def test_mamba_ssm_cache_dtype_is_real(line, want):
+    assert serve_cli.engine_kwargs(parse(line))["mamba_ssm_cache_dtype"] == want
+
+
+def test_bad_mamba_ssm_cache_dtype_is_a_config_error():
+    from catengine.config import EngineConfig
+    with pytest.raises(ConfigError, match="mamba_ssm_cache_dtype 'int8' is not supported; use auto, float32"):
+        EngineConfig(**serve_cli.engine_kwargs(parse("--mamba-ssm-cache-dtype int8"))).validate()
 
 
 def test_speculation_off_is_accepted():

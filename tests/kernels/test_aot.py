@@ -26,6 +26,7 @@ AOT_MODULES = (
     "catengine.kernels.gdn.chunk_o_sm70",
     "catengine.kernels.gdn.chunk_h_sm70",
     "catengine.kernels.moe.fused_sm70",
+    "catengine.kernels.w8a16.gemv",
 )
 
 

@@ -14,7 +14,8 @@ The serial kernel has few programs for one or two long sequences and leaves SMs 
 chunks are cut into windows: WY of window i+1 (and the split's output of window i-1) run on side
 streams while the serial kernel does window i, handing its state on through the slot.
 Chunks never straddle sequences; program -> (sequence, chunk) is a binary search over the chunk
-offsets, so nothing waits on the host. States are fp32; w, u, X, v_new, the per-chunk states and
+offsets, so nothing waits on the host. States are carried in fp32 (a 16-bit slot, mamba_ssm_cache_dtype,
+is rounded only when stored, at the end of a window); w, u, X, v_new, the per-chunk states and
 the matmul operands are in the activation dtype with fp32 accumulation, as in flash-linear-attention.
 """
 from __future__ import annotations

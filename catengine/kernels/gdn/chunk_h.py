@@ -62,9 +62,9 @@ def gdn_chunk_h_kernel(k, w, u, g, kn, vn, hb, ssm, qsl, cu_chunks, state_slots,
     m_s1 = (o_k < K)[:, None] & m_v[None, :]
     m_s2 = (64 + o_k < K)[:, None] & m_v[None, :]
     p_s = ssm + slot * stride_ssm_slot + i_h * K * V + o_k[:, None] * V + o_v[None, :]
-    b_h1 = tl.load(p_s, mask=(o_k < n_init)[:, None] & m_v[None, :], other=0.)
+    b_h1 = tl.load(p_s, mask=(o_k < n_init)[:, None] & m_v[None, :], other=0.).to(tl.float32)
     if TWO:
-        b_h2 = tl.load(p_s + 64 * V, mask=(64 + o_k < n_init)[:, None] & m_v[None, :], other=0.)
+        b_h2 = tl.load(p_s + 64 * V, mask=(64 + o_k < n_init)[:, None] & m_v[None, :], other=0.).to(tl.float32)
     for j in range(j0, j1):
         t = bos + j * 64
         o_tt = (t + o_t).to(tl.int64)
@@ -99,9 +99,9 @@ def gdn_chunk_h_kernel(k, w, u, g, kn, vn, hb, ssm, qsl, cu_chunks, state_slots,
         b_h1 = b_h1 * b_e + tl.dot(b_k1, b_vf)
         if TWO:
             b_h2 = b_h2 * b_e + tl.dot(b_k2, b_vf)
-    tl.store(p_s, b_h1, mask=m_s1)
+    tl.store(p_s, b_h1.to(ssm.dtype.element_ty), mask=m_s1)
     if TWO:
-        tl.store(p_s + 64 * V, b_h2, mask=m_s2)
+        tl.store(p_s + 64 * V, b_h2.to(ssm.dtype.element_ty), mask=m_s2)
 
 
 @triton.jit
@@ -121,7 +121,7 @@ def gdn_chunk_scan_kernel(q, k, v, x, g, beta, o, ssm, qsl, cu_chunks, state_slo
     DT = x.dtype.element_ty
     p_s = ssm + slot * stride_ssm_slot + i_h * K * V + o_k[:, None] * V + o_v[None, :]
     # [BK, BV]
-    b_h = tl.load(p_s, mask=(o_k < n_init)[:, None] & m_v[None, :], other=0.)
+    b_h = tl.load(p_s, mask=(o_k < n_init)[:, None] & m_v[None, :], other=0.).to(tl.float32)
     for t in range(bos + j0 * 64, bos + j1 * 64, 64):
         o_tt = (t + o_t).to(tl.int64)
         m_t = (t + o_t) < eos
@@ -161,4 +161,4 @@ def gdn_chunk_scan_kernel(q, k, v, x, g, beta, o, ssm, qsl, cu_chunks, state_slo
         tl.store(o + o_tt[:, None] * stride_o_t + i_h * stride_o_h + o_v[None, :], b_o.to(o.dtype.element_ty),
                  mask=m_t[:, None] & m_v[None, :])
         b_h = b_h * tl.exp(b_gl) + tl.dot(b_kd, b_v)
-    tl.store(p_s, b_h, mask=m_k[:, None] & m_v[None, :])
+    tl.store(p_s, b_h.to(ssm.dtype.element_ty), mask=m_k[:, None] & m_v[None, :])

@@ -81,7 +81,7 @@ def gdn_chunk_h_sm70_kernel(k, w, u, g, kn, vn, hb, ssm, vec, qsl, cu_chunks, st
         c_s = i_v * BV + cols_s
         m_s = (rows_s < K) & (c_s < V)
         p_s = ssm + slot * stride_ssm_slot + i_h * K * V + rows_s * V + c_s
-        b_h = gl.load(p_s, mask=(rows_s < n_init) & (c_s < V), other=0.0)
+        b_h = gl.load(p_s, mask=(rows_s < n_init) & (c_s < V), other=0.0).to(gl.float32)
         # v_new [64, BV] in the accumulator map
         rows_v, cols_v = acc_rows_cols(64, BV, WM, WN)
         c_v = i_v * BV + cols_v
@@ -141,7 +141,7 @@ def gdn_chunk_h_sm70_kernel(k, w, u, g, kn, vn, hb, ssm, vec, qsl, cu_chunks, st
                 f_k = s_kt.slice(s * MK, MK).load(a_layout(WM, WN))
                 f_v = s_vf.slice(s * NBV, NBV).load(b_layout(WM, WN))
                 b_h = mma884(b_h, gl.expand_dims(f_k, 1), gl.expand_dims(f_v, 0))
-        gl.store(p_s, b_h, mask=m_s)
+        gl.store(p_s, b_h.to(ssm.dtype.element_ty), mask=m_s)
 
 
 def h_hmma_applies(table, dtype: torch.dtype, device: torch.device) -> bool:

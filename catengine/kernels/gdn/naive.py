@@ -78,7 +78,8 @@ def chunk_gated_delta_rule(q, k, v, g, beta, ssm_states, query_start_loc, state_
     """Gated delta rule over a varlen batch in the chunked (UT-transform) form.
 
     q, k: [T, Hk, dk]; v: [T, Hv, dv] (value head h uses key head h // (Hv // Hk)); g (log decay,
-    <= 0), beta: [T, Hv] fp32; ssm_states: [num_slots, Hv, dk, dv] fp32, read from state_slots[b]
+    <= 0), beta: [T, Hv] fp32; ssm_states: [num_slots, Hv, dk, dv] fp32, fp16 or bf16 (loaded to fp32,
+    rounded when stored), read from state_slots[b]
     when has_initial_state[b] (else zeros) and overwritten with the final state.
     Per token: S = exp(g) S; S += k (beta (v - S^T k))^T; o = S^T q, with q, k l2-normalised when
     ``use_qk_l2norm`` and q scaled by ``scale``. Returns o: [T, Hv, dv] in v.dtype.
@@ -171,8 +172,12 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, ssm_states, query_start_loc, st
         for t in range(s1 - s0):
             S = S * gb[t].exp()[:, None, None]
             delta = bb[t][:, None] * (vb[t] - (S * kb[t][:, :, None]).sum(1))  # [Hv, dv]
+            # rounded to the slot dtype after every token, as if stored and reloaded (no-op for fp32): several
+            # tokens in one call equal as many one-token calls
+            # tokens in one call equal as many one-token calls; the output reads the unrounded state
             S = S + kb[t][:, :, None] * delta[:, None, :]
             out[s0 + t] = (S * qb[t][:, :, None]).sum(1).to(v.dtype)
+            S = S.to(ssm_states.dtype).float()
             if intermediate_state_slots is not None and int(intermediate_state_slots[b, t]) >= 0:
                 ssm_states[int(intermediate_state_slots[b, t])] = S.to(ssm_states.dtype)
         ssm_states[slot] = S.to(ssm_states.dtype)

@@ -60,7 +60,9 @@ def gdn_recurrent_kernel(q, k, v, g, beta, o, ssm, qsl, state_slots, has_init, i
     n_init = tl.where(tl.load(has_init + i_b) != 0, K, 0)
     o_s = i_h * K * V + o_k[:, None] * V + o_v[None, :]
     # [BK, BV]
-    b_h = tl.load(ssm + slot * stride_ssm_slot + o_s, mask=(o_k < n_init)[:, None] & m_v[None, :], other=0.)
+    # the slot may be fp16/bf16 (mamba_ssm_cache_dtype): the state is carried in fp32, rounded only when stored
+    b_h = tl.load(ssm + slot * stride_ssm_slot + o_s, mask=(o_k < n_init)[:, None] & m_v[None, :],
+                  other=0.).to(tl.float32)
     for i_t in range(0, eos - bos):
         t = bos + i_t
         t64 = t.to(tl.int64)
@@ -82,15 +84,19 @@ def gdn_recurrent_kernel(q, k, v, g, beta, o, ssm, qsl, state_slots, has_init, i
         b_hq = tl.sum(b_h * b_q[:, None], 0)
         b_v = b_beta * (b_v - b_e * b_hk)
         b_o = b_e * b_hq + tl.sum(b_q * b_k, 0) * b_v
-        b_h = b_h * b_e + b_k[:, None] * b_v[None, :]
+        # rounded to the slot dtype after every token (a no-op for fp32), as if stored and reloaded: k tokens
+        # verified in one launch then give the state (and outputs) of k one-token decodes, so speculative
+        # decoding keeps greedy output with a 16-bit state too
+        b_h = (b_h * b_e + b_k[:, None] * b_v[None, :]).to(ssm.dtype.element_ty).to(tl.float32)
         tl.store(o + t64 * stride_o_t + i_h * stride_o_h + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
         if HAS_INTER:
             i_s = tl.load(inter + i_b * stride_inter_b + i_t).to(tl.int64)
             n_rows = tl.where(i_s >= 0, K, 0)
-            tl.store(ssm + tl.maximum(i_s, 0) * stride_ssm_slot + o_s, b_h,
+            tl.store(ssm + tl.maximum(i_s, 0) * stride_ssm_slot + o_s, b_h.to(ssm.dtype.element_ty),
                      mask=(o_k < n_rows)[:, None] & m_v[None, :])
     n_fin = tl.where(eos > bos, K, 0)
-    tl.store(ssm + slot * stride_ssm_slot + o_s, b_h, mask=(o_k < n_fin)[:, None] & m_v[None, :])
+    tl.store(ssm + slot * stride_ssm_slot + o_s, b_h.to(ssm.dtype.element_ty),
+             mask=(o_k < n_fin)[:, None] & m_v[None, :])
 
 
 # ---------------------------------------------------------------- host side
@@ -150,4 +156,8 @@ def aot_configs(cc: int) -> list[AotConfig]:
     return [aot_config(gdn_gating_kernel, {"A_log": f32, "a": p, "dt_bias": f32, "b": p, "g": f32, "beta": f32},
                        {"BT": 32, "BH": 64}, 4, 1, f"gating_{dt}")] + [
         aot_config(gdn_recurrent_kernel, ptrs, dict(AOT_DIMS, BV=c.rec_bv, HAS_INTER=inter), c.rec_warps, 1,
-                   f"recurrent{'_inter' if inter else ''}_{dt}") for inter in (False, True)]
+                   f"recurrent{'_inter' if inter else ''}_{dt}") for inter in (False, True)] + [
+        # 16-bit state slots (mamba_ssm_cache_dtype): the decode kernel that reads and writes them every token
+        aot_config(gdn_recurrent_kernel, {**ptrs, "ssm": f"*{sdt}"}, dict(AOT_DIMS, BV=c.rec_bv, HAS_INTER=False),
+                   c.rec_warps, 1, f"recurrent_{dt}_state_{sdt}")
+        for sdt in ("fp16",) + (("bf16",) if cc >= 80 else ())]

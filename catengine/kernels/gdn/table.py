@@ -20,6 +20,8 @@ BT = 64  # chunk length; the WY kernel is written for 4 sub-blocks of 16
 # kernel's 32-row build (mma.sync beside a wgmma), but 64 rows there alone changed nothing; it keeps
 # 64 rows anyway (a wgmma-only build; its 32-row build with a right WY was not run).
 SPLIT_MIN_BLOCK = 64
+# the recurrent state slots' storage (EngineConfig.mamba_ssm_cache_dtype); every kernel computes in fp32
+STATE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @dataclass(frozen=True)
@@ -117,10 +119,11 @@ def _check(q, k, v, g, beta, ssm_states, chunk_size=BT):
                          f"g {tuple(g.shape)}, beta {tuple(beta.shape)}")
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"gated delta rule: q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if ssm_states.shape[1:] != (hv, dk, dv) or ssm_states.dtype != torch.float32 or \
+    if ssm_states.shape[1:] != (hv, dk, dv) or ssm_states.dtype not in STATE_DTYPES or \
             not ssm_states[0].is_contiguous():
-        raise ValueError(f"gated delta rule: ssm_states must be fp32 [slots, {hv}, {dk}, {dv}], contiguous per "
-                         f"slot; got {ssm_states.dtype} {tuple(ssm_states.shape)} strides {ssm_states.stride()}")
+        raise ValueError(f"gated delta rule: ssm_states must be fp32, fp16 or bf16 [slots, {hv}, {dk}, {dv}], "
+                         f"contiguous per slot; got {ssm_states.dtype} {tuple(ssm_states.shape)} strides "
+                         f"{ssm_states.stride()}")
     if chunk_size != BT:
         raise ValueError(f"the Triton chunked gated delta rule uses chunk_size={BT}; got {chunk_size}")
 

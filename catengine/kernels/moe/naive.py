@@ -47,3 +47,31 @@ def fused_moe(x, w13, w2, topk_weights, topk_ids):
         y = h @ _expert_matrix(w2, e, torch.float32)
         out.index_add_(0, tok, y * topk_weights[tok, slot, None].float())
     return out
+
+
+def align_tokens(topk_ids, num_experts: int, block: int):
+    """Sort (token, slot) rows by expert, each expert's run padded to a multiple of ``block``.
+
+    Returns (sorted_ids [max_blocks * block] int32 holding flat ids t * top_k + j, in flat order within each
+    expert, padding = T * top_k; block_expert [max_blocks] int32, -1 past the end; n_post [1] int32, the
+    padded length), max_blocks = ceil(T * top_k / block) + min(E, T * top_k). Sizes are upper bounds known
+    on the host, so nothing waits for the device."""
+    flat = topk_ids.reshape(-1).long()
+    tk = flat.numel()
+    dev = flat.device
+    # scatter_add rather than bincount: bincount reads the maximum back to the host (a sync that
+    # also breaks CUDA graph capture)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
+    blocks = (counts + block - 1) // block
+    blk_end = blocks.cumsum(0)
+    order = torch.argsort(flat, stable=True)
+    sorted_e = flat[order]
+    rank = torch.arange(tk, device=dev) - (counts.cumsum(0) - counts)[sorted_e]
+    dest = (blk_end - blocks)[sorted_e] * block + rank
+    max_blocks = -(-tk // block) + min(num_experts, tk)
+    sorted_ids = torch.full((max_blocks * block,), tk, dtype=torch.int32, device=dev)
+    sorted_ids[dest] = order.to(torch.int32)
+    be = torch.searchsorted(blk_end, torch.arange(max_blocks, device=dev), right=True)
+    block_expert = torch.where(be < num_experts, be, -1).to(torch.int32)
+    n_post = (blk_end[-1:] * block).to(torch.int32)
+    return sorted_ids, block_expert, n_post

@@ -1,5 +1,6 @@
 """Triton MoE routing (twin: ``moe.naive.moe_route``) and the expert-sorted token alignment that the
-prefill path of :mod:`catengine.kernels.moe.fused` runs on; split from that module.
+prefill path of :mod:`catengine.kernels.moe.fused` runs on (twin: ``moe.naive.align_tokens``); split from
+that module.
 """
 from __future__ import annotations
 
@@ -59,33 +60,72 @@ def moe_route(router_logits, top_k: int, renormalize: bool = True):
     return w, ids
 
 
+# ---------------------------------------------------------------- expert-sorted alignment
+ALIGN_MAX_ROWS = 4096   # flat (token, slot) rows the one-program kernel sorts in registers; more: the twin
+
+
+@triton.jit
+def _align_kernel(id_ptr, sorted_ptr, bexp_ptr, npost_ptr, scratch_ptr, TK, E, MAX_BLOCKS, BLOCK: tl.constexpr,
+                  BT: tl.constexpr, BE: tl.constexpr, BB: tl.constexpr):
+    # one program: sort (expert, flat index) keys in registers, find each expert's run in the sorted order
+    # through a small scratch (a register vector cannot be indexed by another), pad each run to BLOCK.
+    # Scratch: run start [BE], run end [BE], sorted experts [BT], destination offset [BE]
+    o_t = tl.arange(0, BT)
+    o_e = tl.arange(0, BE)
+    m_t = o_t < TK
+    b_id = tl.load(id_ptr + o_t, mask=m_t, other=0).to(tl.int32)
+    # expert-major, flat index minor: the twin's stable argsort; rows past TK sort last as expert E
+    b_key = tl.sort(tl.where(m_t, b_id, E) * BT + o_t, 0)
+    s_e, s_i = b_key // BT, b_key % BT
+    m_real = s_e < E
+    p_start, p_end, p_se, p_off = scratch_ptr, scratch_ptr + BE, scratch_ptr + 2 * BE, scratch_ptr + 2 * BE + BT
+    tl.store(p_start + o_e, tl.zeros([BE], tl.int32))
+    tl.store(p_end + o_e, tl.zeros([BE], tl.int32))
+    tl.store(p_se + o_t, s_e)
+    tl.debug_barrier()
+    b_prev = tl.load(p_se + o_t - 1, mask=o_t > 0, other=-1)
+    b_next = tl.load(p_se + o_t + 1, mask=o_t + 1 < BT, other=-1)
+    tl.store(p_start + s_e, o_t, mask=m_real & (b_prev != s_e))
+    tl.store(p_end + s_e, o_t + 1, mask=m_real & (b_next != s_e))
+    tl.debug_barrier()
+    b_start = tl.load(p_start + o_e)
+    b_blocks = (tl.load(p_end + o_e) - b_start + BLOCK - 1) // BLOCK     # 0 for absent experts (0 - 0)
+    b_blk_end = tl.cumsum(b_blocks, 0)
+    # sorted position i of expert e goes to e's padded start + (i - e's run start)
+    tl.store(p_off + o_e, (b_blk_end - b_blocks) * BLOCK - b_start)
+    for p0 in range(0, MAX_BLOCKS * BLOCK, BT):
+        tl.store(sorted_ptr + p0 + o_t, tl.zeros([BT], tl.int32) + TK, mask=p0 + o_t < MAX_BLOCKS * BLOCK)
+    tl.debug_barrier()
+    b_dest = o_t + tl.load(p_off + s_e, mask=m_real, other=0)
+    tl.store(sorted_ptr + b_dest, s_i, mask=m_real)
+    # block b belongs to the number of experts whose padded run ends at or before it (searchsorted, right)
+    for b0 in range(0, MAX_BLOCKS, BB):
+        o_b = b0 + tl.arange(0, BB)
+        b_be = tl.sum(((b_blk_end[None, :] <= o_b[:, None]) & (o_e[None, :] < E)).to(tl.int32), 1)
+        tl.store(bexp_ptr + o_b, tl.where(b_be < E, b_be, -1), mask=o_b < MAX_BLOCKS)
+    tl.store(npost_ptr, tl.sum(b_blocks, 0) * BLOCK)
+
+
 def align_tokens(topk_ids, num_experts: int, block: int):
-    """Sort (token, slot) rows by expert, each expert's run padded to a multiple of ``block``.
-
-    Returns (sorted_ids [max_blocks * block] int32 holding flat ids t * top_k + j, padding = T * top_k;
-    block_expert [max_blocks] int32, -1 past the end; n_post [1] int32, the padded length). Sizes are
-    upper bounds known on the host, so nothing waits for the device."""
-    flat = topk_ids.reshape(-1).long()
-    tk = flat.numel()
+    """Triton twin of :func:`catengine.kernels.moe.naive.align_tokens` (same signature and results): one
+    launch (and no host sync), so a CUDA graph captures it; above ALIGN_MAX_ROWS rows (long prefills, where
+    the grouped GEMMs dwarf the routing) the twin's torch ops run instead."""
+    tk = topk_ids.numel()
+    if tk > ALIGN_MAX_ROWS or tk == 0:
+        from .naive import align_tokens as twin
+        return twin(topk_ids, num_experts, block)
+    flat = topk_ids.reshape(-1)
+    flat = flat if flat.dtype == torch.int32 else flat.to(torch.int32)
     dev = flat.device
-    # scatter_add rather than bincount: bincount reads the maximum back to the host (a sync that
-    # also breaks CUDA graph capture)
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
-    blocks = (counts + block - 1) // block
-    blk_end = blocks.cumsum(0)
-    order = torch.argsort(flat, stable=True)
-    sorted_e = flat[order]
-    rank = torch.arange(tk, device=dev) - (counts.cumsum(0) - counts)[sorted_e]
-    dest = (blk_end - blocks)[sorted_e] * block + rank
     max_blocks = triton.cdiv(tk, block) + min(num_experts, tk)
-    sorted_ids = torch.full((max_blocks * block,), tk, dtype=torch.int32, device=dev)
-    sorted_ids[dest] = order.to(torch.int32)
-    be = torch.searchsorted(blk_end, torch.arange(max_blocks, device=dev), right=True)
-    block_expert = torch.where(be < num_experts, be, -1).to(torch.int32)
-    n_post = (blk_end[-1:] * block).to(torch.int32)
+    bt, be = max(16, triton.next_power_of_2(tk)), max(16, triton.next_power_of_2(num_experts))
+    sorted_ids = torch.empty(max_blocks * block, dtype=torch.int32, device=dev)
+    block_expert = torch.empty(max_blocks, dtype=torch.int32, device=dev)
+    n_post = torch.empty(1, dtype=torch.int32, device=dev)
+    scratch = torch.empty(3 * be + bt, dtype=torch.int32, device=dev)
+    _align_kernel[(1,)](flat, sorted_ids, block_expert, n_post, scratch, tk, num_experts, max_blocks, BLOCK=block,
+                        BT=bt, BE=be, BB=64, num_warps=4 if bt <= 1024 else 8)
     return sorted_ids, block_expert, n_post
-
-
 
 
 # ---------------------------------------------------------------- ahead-of-time list
@@ -102,4 +142,9 @@ def aot_configs(cc: int) -> list[AotConfig]:
         sig = {a: ty.get(a, "i32" if a.islower() else "constexpr") for a in _ROUTE_ARGS.split()}
         out.append(AotConfig("_route_kernel", sig, dict(TOPK=8, BT=1, BE=256, KP=8, RENORM=True), 1, 1,
                              f"route {dt}"))
+    for bt, warps in ((64, 4), (2048, 8)):   # 8 tokens and 256 tokens of top-8
+        sig = {"id_ptr": "*i32", "sorted_ptr": "*i32", "bexp_ptr": "*i32", "npost_ptr": "*i32", "scratch_ptr": "*i32",
+               "TK": "i32", "E": "i32", "MAX_BLOCKS": "i32", "BLOCK": "constexpr", "BT": "constexpr",
+               "BE": "constexpr", "BB": "constexpr"}
+        out.append(AotConfig("_align_kernel", sig, dict(BLOCK=16, BT=bt, BE=256, BB=64), warps, 1, f"align BT{bt}"))
     return out

@@ -279,3 +279,114 @@ def test_recurrent_gpu_real_shape():
     # same fp32 math on the same bf16 inputs: outputs differ by bf16 rounding flips (<= 1 ulp, 3.9e-3)
     assert _rel(o, o_ref) < 4e-3 and _rel(ssm, ssm_ref) < 1e-5
     assert not math.isnan(o.float().sum().item())
+
+
+# ---------------------------------------------------------------- state dtype (mamba_ssm_cache_dtype)
+# The kernels load a 16-bit slot to fp32, compute in fp32 and round once when they store; the twins do the
+# same (S.float() ... S.to(ssm.dtype)). So kernel and twin see the same rounded initial state and differ
+# only by summation order before that last rounding: a state element lands one ulp apart where the fp32
+# values straddle a rounding boundary, so the relative error is at most one unit of the storage dtype's
+# roundoff (fp16 4.9e-4, bf16 3.9e-3) and in practice far below it; the output is fp32 math on equal
+# inputs (1e-4 at fp32 inputs).
+STATE_TOL = {torch.float32: 1e-5, torch.float16: 5e-4, torch.bfloat16: 4e-3}
+if DEV != "cuda":
+    # the interpreter's fp32 -> bf16 cast truncates (515 of 1024 random values one ulp below torch's
+    # round-to-nearest; CUDA's cvt.rn rounds), so there kernel and twin may sit a whole bf16 ulp apart: 2^-7
+    STATE_TOL[torch.bfloat16] = 8e-3
+# compiled on CUDA, the chunked forms multiply fp32 inputs on tf32 (GDNTable.wy_dot; 10-bit mantissa, roundoff
+# 4.9e-4 per product, like fp16): the fp16 bound then, whatever the state dtype (the H200 measured 1.8e-3)
+CHUNK_F32_TOL = TOL[torch.float16] if DEV == "cuda" else 1e-4
+STATE_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+@pytest.mark.parametrize("state_dtype", STATE_DTYPES)
+def test_recurrent_state_dtype_matches_twin(state_dtype):
+    gen = torch.Generator().manual_seed(21)
+    lens = [1, 3, 0, 2]   # decode and a short verification, one empty sequence
+    q, k, v, g, beta, ssm, qsl, slots, has = _case(lens, 1, 2, 16, 32, torch.float32, gen, num_slots=12, has_p=0.7)
+    ssm = ssm.to(state_dtype)
+    inter = torch.tensor([[8, -1, -1], [9, -1, 10], [-1, -1, -1], [11, -1, -1]], dtype=torch.int32)
+    ssm_ref = ssm.clone()
+    o_ref = ref.recurrent_gated_delta_rule(q, k, v, g, beta, ssm_ref, qsl, slots, has, 0.25,
+                                           intermediate_state_slots=inter)
+    ssm_d = ssm.clone().to(DEV)
+    o = recurrent_gated_delta_rule(*(x.to(DEV) for x in (q, k, v, g, beta)), ssm_d, qsl.to(DEV), slots.to(DEV),
+                                   has.to(DEV), 0.25, intermediate_state_slots=inter.to(DEV))
+    assert ssm_d.dtype == state_dtype
+    # later tokens read the state rounded after the earlier ones (see the kernel), so the output inherits
+    # the state's bound
+    assert _rel(o, o_ref) < max(1e-4, STATE_TOL[state_dtype])
+    assert _rel(ssm_d, ssm_ref) < STATE_TOL[state_dtype]
+    untouched = [s for s in range(12) if s not in (*slots.tolist(), 8, 9, 10, 11)]
+    assert torch.equal(ssm_d[untouched].cpu(), ssm[untouched])
+
+
+@pytest.mark.parametrize("prefill", PREFILL)
+@pytest.mark.parametrize("state_dtype", STATE_DTYPES)
+def test_chunk_state_dtype_matches_twin(state_dtype, prefill):
+    gen = torch.Generator().manual_seed(22)
+    lens = [70, 1, 0, 130]
+    q, k, v, g, beta, ssm, qsl, slots, has = _case(lens, 1, 2, 16, 32, torch.float32, gen, has_p=0.7)
+    ssm = ssm.to(state_dtype)
+    ssm_ref = ssm.clone()
+    o_ref = ref.chunk_gated_delta_rule(q, k, v, g, beta, ssm_ref, qsl, slots, has, 0.25)
+    o, ssm_d = _run(dataclasses.replace(gdn_table.TABLE[80], prefill=prefill), q, k, v, g, beta, ssm, qsl, slots,
+                    has, 0.25)
+    assert ssm_d.dtype == state_dtype
+    assert _rel(o, o_ref) < CHUNK_F32_TOL
+    assert _rel(ssm_d, ssm_ref) < max(STATE_TOL[state_dtype], CHUNK_F32_TOL if DEV == "cuda" else 0)
+
+
+def test_state_dtype_rejects_int8():
+    gen = torch.Generator().manual_seed(23)
+    q, k, v, g, beta, ssm, qsl, slots, has = _case([1], 1, 1, 16, 16, torch.float32, gen)
+    with pytest.raises(ValueError, match="fp32, fp16 or bf16"):
+        recurrent_gated_delta_rule(q, k, v, g, beta, ssm.to(torch.int8), qsl, slots, has, 0.25)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("state_dtype", [torch.float16, torch.bfloat16])
+def test_state_dtype_gpu_real_shape(state_dtype):
+    """Compiled at the 27B shape with a 16-bit state: recurrent (decode + verify) and both prefill forms."""
+    gen = torch.Generator().manual_seed(24)
+    lens = [1] * 13 + [4, 3]
+    q, k, v, g, beta, ssm, qsl, slots, has = _case(lens, 16, 3, 128, 128, torch.bfloat16, gen, device="cuda",
+                                                   num_slots=40, has_p=0.9)
+    ssm = ssm.to(state_dtype)
+    ssm_ref = ssm.clone()
+    o_ref = ref.recurrent_gated_delta_rule(q, k, v, g, beta, ssm_ref, qsl, slots, has, 0.088)
+    o = recurrent_gated_delta_rule(q, k, v, g, beta, ssm, qsl, slots, has, 0.088)
+    assert _rel(o, o_ref) < 4e-3 and _rel(ssm, ssm_ref) < STATE_TOL[state_dtype]
+    for prefill in PREFILL:
+        q, k, v, g, beta, ssm, qsl, slots, has = _case([1, 300, 65], 16, 3, 128, 128, torch.bfloat16, gen,
+                                                       device="cuda", has_p=1.0)
+        ssm = ssm.to(state_dtype)
+        ssm_ref = ssm.clone()
+        o_ref = ref.chunk_gated_delta_rule(q, k, v, g, beta, ssm_ref, qsl, slots, has, 0.088)
+        o, ssm_d = _run(dataclasses.replace(gdn_table.device_table(q.device), prefill=prefill), q, k, v, g, beta,
+                        ssm, qsl, slots, has, 0.088)
+        # the kernels keep w, u, v_new and the chunk states in bf16 (the module docstring's 2e-2), the state
+        # rounding adds one storage ulp
+        assert _rel(o, o_ref) < TOL[torch.bfloat16] and _rel(ssm_d, ssm_ref) < TOL[torch.bfloat16], prefill
+
+
+@pytest.mark.parametrize("impl", ["kernel", "twin"])
+@pytest.mark.parametrize("state_dtype", STATE_DTYPES)
+def test_recurrent_several_tokens_equal_one_token_calls(state_dtype, impl):
+    """Speculative verification runs k tokens in one call; with a 16-bit state it must give exactly what k
+    one-token decodes give (each of which stores and reloads the rounded state), or MTP would change greedy
+    output. Bitwise: the same fp32 operations on the same values."""
+    fn = recurrent_gated_delta_rule if impl == "kernel" else ref.recurrent_gated_delta_rule
+    dev = DEV if impl == "kernel" else "cpu"
+    gen = torch.Generator().manual_seed(25)
+    q, k, v, g, beta, ssm, qsl, slots, has = _case([4], 1, 2, 16, 32, torch.float16, gen, num_slots=3, has_p=1.0)
+    ssm = ssm.to(state_dtype)
+    args = [x.to(dev) for x in (q, k, v, g, beta)]
+    many = ssm.clone().to(dev)
+    o_many = fn(*args, many, qsl.to(dev), slots.to(dev), has.to(dev), 0.25)
+    one = ssm.clone().to(dev)
+    o_one = []
+    for t in range(4):
+        o_one.append(fn(*(x[t:t + 1] for x in args), one, _qsl([1], dev), slots.to(dev),
+                        torch.ones(1, dtype=torch.bool, device=dev), 0.25))
+    assert torch.equal(o_many, torch.cat(o_one)) and torch.equal(many, one)

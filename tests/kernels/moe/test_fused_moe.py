@@ -26,6 +26,8 @@ from catengine.kernels.moe import naive as reference
 from catengine.kernels.moe import route
 from catengine.kernels.w4a16.packing import QuantizedWeight, pack_int4_along_k
 
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1.5e-2}
 
 
@@ -201,6 +203,31 @@ def test_align_tokens():
         real = rows[rows < flat.numel()]
         assert (flat[real.long()] == block_expert[b]).all()
     assert sorted(sorted_ids[sorted_ids < 8].tolist()) == list(range(8))
+
+
+@pytest.mark.parametrize("t,k,e,block", [(1, 1, 4, 16), (2, 8, 256, 16), (8, 8, 256, 16), (5, 3, 7, 4),
+                                         (33, 2, 16, 64), (256, 8, 256, 16), (300, 8, 64, 32)])
+def test_align_kernel_equals_twin(t, k, e, block):
+    """One-program Triton alignment against the torch twin: every output identical (the order within an
+    expert included, so the grouped GEMMs see the very same rows). Routings skewed to a few experts too,
+    so some runs span many blocks and most experts are absent."""
+    gen = torch.Generator().manual_seed(t * 31 + e)
+    for skew in (False, True):
+        if skew:
+            ids = torch.randint(0, min(e, 3), (t, k), generator=gen)
+        else:
+            ids = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(t)])
+        ids = ids.to(torch.int32)
+        want = reference.align_tokens(ids, e, block)
+        got = route.align_tokens(ids.to(DEV), e, block)
+        for g, w in zip(got, want):
+            assert g.dtype == torch.int32 and torch.equal(g.cpu(), w), (skew, g, w)
+
+
+def test_align_above_the_kernel_limit_uses_the_twin():
+    ids = torch.randint(0, 8, (route.ALIGN_MAX_ROWS // 2 + 1, 2), generator=torch.Generator().manual_seed(0))
+    for g, w in zip(route.align_tokens(ids.to(torch.int32).to(DEV), 8, 16), reference.align_tokens(ids, 8, 16)):
+        assert torch.equal(g.cpu(), w)
 
 
 def test_rejects_mixed_weights():
