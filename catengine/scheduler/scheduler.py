@@ -32,6 +32,15 @@ class SchedulerConfig:
     num_snapshot_slots: int = 0
     # True when the model has recurrent (GDN) layers: a prefix hit also needs a state snapshot
     hybrid: bool = True
+    # speculative decoding: draft tokens a decoding sequence may verify per step (0: off), and no drafting in a
+    # step with more running sequences than spec_disable_batch_size
+    num_speculative_tokens: int = 0
+    spec_disable_batch_size: int = 1 << 30
+
+    @property
+    def slots_per_seq(self) -> int:
+        """Live state slots a running sequence owns: its own plus one per draft (see Scheduler.update)."""
+        return 1 + self.num_speculative_tokens
 
 
 @dataclass
@@ -40,6 +49,10 @@ class ScheduledSeq:
     start: int          # tokens already computed before this step
     num_new: int        # tokens computed in this step: seq.token_ids[start : start + num_new]
     num_samples: int    # 0: a prompt chunk; 1: sample the next token; 1 + forks: a leader's last prompt step
+    # speculative verification: the last num_drafts of the num_new tokens are drafts the runner proposes
+    # (draft_tokens, filled by its drafter before the forward), not yet in seq.token_ids
+    num_drafts: int = 0
+    draft_tokens: list[int] = field(default_factory=list)
 
     @property
     def end(self) -> int:
@@ -88,7 +101,8 @@ class Scheduler:
         self.config = c = config
         self.caching = c.enable_prefix_caching
         self.blocks = BlockManager(c.num_blocks, c.block_size, c.enable_prefix_caching)
-        self.states = StateCache(c.max_num_seqs, c.num_snapshot_slots if c.enable_prefix_caching else 0)
+        self.states = StateCache(c.max_num_seqs * c.slots_per_seq,
+                                 c.num_snapshot_slots if c.enable_prefix_caching else 0)
         self.blocks.on_evict.append(self.states.drop)
         self.waiting: list[Sequence] = []   # sorted by sort_key (FCFS)
         self.running: list[Sequence] = []   # sorted by sort_key: running[-1] is the newest
@@ -193,6 +207,22 @@ class Scheduler:
         if seq.state_slot is not None:
             self.states.release_live(seq.state_slot)
             seq.state_slot = None
+        for slot in seq.spare_slots:
+            self.states.release_live(slot)
+        seq.spare_slots = []
+
+    def _take_slots(self, seq: Sequence) -> None:
+        """The live slot and the draft slots of a sequence being admitted or forked (the caller checked
+        num_free_live >= slots_per_seq)."""
+        seq.state_slot = self.states.allocate_live()
+        seq.spare_slots = [self.states.allocate_live() for _ in range(self.config.num_speculative_tokens)]
+
+    def _num_drafts(self, seq: Sequence, budget: int, drafting: bool) -> int:
+        """Drafts a decoding sequence verifies this step: k, fewer near its token limit (a verify step adds at
+        most num_drafts + 1 tokens) or the step's budget."""
+        if not drafting or not seq.can_draft:
+            return 0
+        return max(0, min(self.config.num_speculative_tokens, seq.max_total_tokens - seq.num_tokens - 1, budget - 1))
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
@@ -232,6 +262,8 @@ class Scheduler:
         out = SchedulerOutput(scheduled=[])
         restores: list[tuple[int, int]] = []
 
+        drafts: dict[Sequence, int] = {}
+        drafting = 0 < c.num_speculative_tokens and len(self.running) <= c.spec_disable_batch_size
         for decode_pass in (True, False):
             for seq in list(self.running):
                 if budget == 0:
@@ -239,6 +271,13 @@ class Scheduler:
                 if seq.status is not SeqStatus.RUNNING or seq in chosen or (seq.num_pending == 1) != decode_pass:
                     continue
                 num_new = self._chunk(seq, seq.num_computed, budget)
+                if decode_pass:
+                    # a verify step computes the pending token and its drafts; short of blocks, drop the drafts
+                    # before preempting anyone
+                    m = self._num_drafts(seq, budget, drafting)
+                    if m and self.blocks.allocate(seq, seq.num_computed + 1 + m):
+                        drafts[seq] = m
+                        num_new = 1 + m
                 while not self.blocks.allocate(seq, seq.num_computed + num_new):
                     room = (len(seq.block_table) + self.blocks.num_available) * bs - seq.num_computed
                     if not decode_pass and room > 0:
@@ -248,6 +287,7 @@ class Scheduler:
                     budget += chosen.pop(victim, 0)
                     self._preempt(victim)
                     out.preempted.append(victim)
+                    drafts.pop(victim, None)
                     if victim is seq:
                         num_new = 0
                         break
@@ -255,7 +295,8 @@ class Scheduler:
                     chosen[seq] = num_new
                     budget -= num_new
 
-        while self.waiting and budget > 0 and len(self.running) < c.max_num_seqs and self.states.num_free_live:
+        while (self.waiting and budget > 0 and len(self.running) < c.max_num_seqs
+               and self.states.num_free_live >= c.slots_per_seq):
             seq = self.waiting[0]
             hits, snapshot = self._prefix_hit(seq)
             start = len(hits) * bs
@@ -268,7 +309,7 @@ class Scheduler:
             seq.num_computed = start
             allocated = self.blocks.allocate(seq, start + num_new)
             assert allocated, "admission computed room wrongly"
-            seq.state_slot = self.states.allocate_live()
+            self._take_slots(seq)
             if snapshot is not None:
                 self.states.touch(snapshot[0])
                 restores.append((snapshot[1], seq.state_slot))
@@ -295,9 +336,11 @@ class Scheduler:
                 continue
             start = seq.num_computed
             end = start + num_new
-            samples = 0 if end < seq.num_tokens else 1 + len(seq.forks)
-            out.scheduled.append(ScheduledSeq(seq, start, num_new, samples))
-            if self.caching and c.hybrid and end % bs == 0:
+            m = drafts.get(seq, 0)
+            samples = 0 if end - m < seq.num_tokens else 1 + len(seq.forks)
+            out.scheduled.append(ScheduledSeq(seq, start, num_new, samples, num_drafts=m))
+            # a verify step's end depends on the acceptance: it saves no snapshot (generated text only)
+            if self.caching and c.hybrid and end % bs == 0 and not m:
                 key = seq.compute_hashes(end // bs, bs)[end // bs - 1]
                 # prompt chunks may evict older snapshots; a decode step only fills a free slot, so
                 # generated text never pushes out the prompt prefixes (system prompts) other requests hit
@@ -308,14 +351,31 @@ class Scheduler:
         return out
 
     # ------------------------------------------------------------------ after the step
-    def update(self, out: SchedulerOutput, sampled: list[int]) -> list[tuple[Sequence, int, int]]:
+    def update(self, out: SchedulerOutput, sampled: list[int],
+               accepted: dict[int, list[int]] | None = None) -> list[tuple[Sequence, int, int]]:
         """Advance the sequences of ``out`` after the runner ran it. ``sampled`` holds one token per
-        sample row (rows in ``out.scheduled`` order; a forking leader's rows are leader, child 1, ...).
-        Returns (sequence, new token, row) for every sampled token, children included."""
+        sample row (rows in ``out.scheduled`` order; a forking leader's rows are leader, child 1, ...);
+        ``accepted[row]``, for a verify step's row, its accepted drafts then the bonus token.
+        Returns (sequence, new token, row) for every new token, children included, in order."""
         events: list[tuple[Sequence, int, int]] = []
         row = 0
         for item in out.scheduled:
             seq = item.seq
+            if item.num_drafts:
+                tokens = accepted[row]
+                n = len(tokens) - 1   # accepted drafts
+                assert 0 <= n <= item.num_drafts, (n, item)
+                for token in tokens:
+                    seq.append_token(token)
+                    events.append((seq, token, row))
+                seq.num_computed = item.start + 1 + n
+                if n < item.num_drafts:
+                    # rollback without a copy: the state after the last accepted token is in spare slot n
+                    # (the runner's intermediate_state_slots row); the old live slot becomes a spare
+                    seq.state_slot, seq.spare_slots[n] = seq.spare_slots[n], seq.state_slot
+                self.blocks.register_full_blocks(seq)
+                row += 1
+                continue
             seq.num_computed = item.end
             self.blocks.register_full_blocks(seq)
             if not item.num_samples:
@@ -343,12 +403,13 @@ class Scheduler:
                          arrival=parent.arrival, params=params, seed=seed, admitted=True,
                          num_cached_tokens=parent.num_cached_tokens)
         self.requests[parent.request_id].append(child)
+        child.can_draft = parent.can_draft
         partial = parent.num_computed % self.block_size != 0
-        if (len(self.running) < self.config.max_num_seqs and self.states.num_free_live
+        if (len(self.running) < self.config.max_num_seqs and self.states.num_free_live >= self.config.slots_per_seq
                 and self.blocks.num_available >= int(partial)):
             copy = self.blocks.fork(parent, child)
             child.num_computed = parent.num_computed
-            child.state_slot = self.states.allocate_live()
+            self._take_slots(child)
             if copy is not None:
                 self._fork_copies.append((child, 0, "block", *copy))
             self._fork_copies.append((child, 0, "state", parent.state_slot, child.state_slot))
@@ -380,4 +441,4 @@ class Scheduler:
         assert self.running == sorted(self.running, key=lambda s: s.sort_key), "running list out of order"
         assert len(self.running) <= self.config.max_num_seqs
         self.blocks.check_integrity(self.running)
-        self.states.check_integrity(s.state_slot for s in self.running)
+        self.states.check_integrity(slot for s in self.running for slot in [s.state_slot, *s.spare_slots])
