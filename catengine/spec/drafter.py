@@ -120,11 +120,12 @@ class MTPDrafter(Drafter):
 
 class ScriptedDrafter(Drafter):
     """Test hook: drafts from the known outputs ``expected[(prompt token ids, completion index)]`` of a run
-    without speculation: exactly those tokens (``match=True``, an oracle) or a different token at every
-    position (never accepted)."""
+    without speculation: the first ``correct`` drafts of every round are those tokens, the rest differ from
+    them (None: all right, an oracle; 0: never accepted)."""
 
-    def __init__(self, expected: dict[tuple[tuple[int, ...], int], list[int]], vocab_size: int, match: bool = True):
-        self.expected, self.vocab_size, self.match = expected, vocab_size, match
+    def __init__(self, expected: dict[tuple[tuple[int, ...], int], list[int]], vocab_size: int,
+                 correct: int | None = None):
+        self.expected, self.vocab_size, self.correct = expected, vocab_size, correct
 
     def propose(self, out: SchedulerOutput, caches) -> None:
         for it in out.scheduled:
@@ -132,7 +133,8 @@ class ScriptedDrafter(Drafter):
                 continue
             seq = it.seq
             ref = self.expected.get((tuple(seq.prompt_token_ids), seq.index), [])
-            # drafts follow the pending token, which is output token num_output_tokens - 1
+            # the drafts follow the pending token, the last output token: output token o onwards
             o = seq.num_output_tokens
             tokens = [ref[o + i] if o + i < len(ref) else 0 for i in range(it.num_drafts)]
-            it.draft_tokens = tokens if self.match else [(t + 1) % self.vocab_size for t in tokens]
+            right = len(tokens) if self.correct is None else self.correct
+            it.draft_tokens = [t if i < right else (t + 1) % self.vocab_size for i, t in enumerate(tokens)]
