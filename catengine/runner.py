@@ -36,7 +36,7 @@ from .logprobs import prompt_logprobs
 from .sample_rows import SampleRows, penalty_views, sample_rows
 from .sampling import SamplingParams, TokenLogprobs, apply_penalties, sample
 from .scheduler import SchedulerOutput, Sequence
-from .spec import Drafter, MTPDrafter, accept_greedy
+from .spec import Drafter, MTPDrafter, accept
 from .spec.rows import intermediate_slots, merge_rows, without_rows
 
 log = logging.getLogger("catengine")
@@ -170,7 +170,7 @@ class ModelRunner:
             hidden = graphs.run(host)
         else:
             hidden = self.forward(*self.device_batch(host, shape))
-        accepted = accept_greedy(self.model, hidden, out) if verify else {}
+        accepted = accept(self.model, hidden, out, self.eos_token_ids) if verify else {}
         rows = without_rows(rows, accepted)
         # structured outputs: on CUDA the forward is queued, not done, so the grammar masks are filled on
         # the CPU while the GPU computes the hidden states (the first wait is for the sampled tokens)

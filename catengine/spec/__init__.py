@@ -4,7 +4,7 @@
 checks them against the target's verify forward. The scheduler decides how many drafts a sequence verifies
 (``ScheduledSeq.num_drafts``); the runner calls the drafter before the forward and the acceptance after it.
 """
-from .accept import accept_greedy, can_draft
+from .accept import accept, can_draft
 from .drafter import Drafter, MTPDrafter, ScriptedDrafter
 
-__all__ = ["Drafter", "MTPDrafter", "ScriptedDrafter", "accept_greedy", "can_draft"]
+__all__ = ["Drafter", "MTPDrafter", "ScriptedDrafter", "accept", "can_draft"]

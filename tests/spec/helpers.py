@@ -58,8 +58,10 @@ def write_tiny_mtp_model(out: Path, *, moe: bool = False, seed: int = 0) -> Path
     return out
 
 
-def engine(path, k: int = 0, **kwargs) -> Engine:
+def engine(path, k: int = 0, disable_by_batch_size: int | None = None, **kwargs) -> Engine:
     spec = {"method": "mtp", "num_speculative_tokens": k} if k else None
+    if spec and disable_by_batch_size:
+        spec["disable_by_batch_size"] = disable_by_batch_size
     return Engine(model=str(path), device="cpu", speculative_config=spec, **kwargs)
 
 

@@ -2,6 +2,8 @@
 whatever the drafts are, in every scheduling situation; nothing leaks."""
 import logging
 
+import torch
+
 import pytest
 
 from catengine.errors import ConfigError
@@ -123,12 +125,69 @@ def test_preemption_and_n_greater_than_one(dense, correct):
     assert_clean(e)
 
 
-def test_sampled_requests_and_large_batches_do_not_draft(dense):
-    sampled = SamplingParams(temperature=0.8, top_p=0.9, seed=7, max_tokens=8, ignore_eos=True)
-    want = tokens(engine(dense, **SETTINGS).generate(PROMPTS, sampled))
-    e = engine(dense, 2, **SETTINGS)
-    assert tokens(e.generate(PROMPTS, sampled)) == want
-    assert e.stats()["spec_decode_num_drafts"] == 0
+@pytest.mark.parametrize("correct", [None, 1, "mtp"], ids=["always-matches", "first-matches", "mtp-head"])
+def test_seeded_sampling_and_penalties_give_the_same_tokens(dense, correct):
+    """Every verified position draws with the request's seed and output step, as a decode step would: a seeded
+    request gets the tokens it gets without speculation, penalties and min_tokens included."""
+    params = [SamplingParams(temperature=0.8, top_p=0.9, seed=7, max_tokens=12, ignore_eos=True),
+              SamplingParams(temperature=1.0, top_k=5, seed=8, max_tokens=12, repetition_penalty=1.3,
+                             frequency_penalty=0.5, presence_penalty=0.3, ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=12, min_tokens=10, logit_bias={5: 3.0}),
+              SamplingParams(temperature=0.7, min_p=0.1, seed=9, max_tokens=12, n=2, ignore_eos=True)]
+    base = engine(dense, **SETTINGS).generate(PROMPTS, params)
+    e = engine(dense, 3, **SETTINGS)
+    if correct != "mtp":
+        e.runner.drafter = ScriptedDrafter(expected(base), e.vocab_size, correct)
+    assert tokens(e.generate(PROMPTS, params)) == tokens(base)
+    s = e.stats()
+    assert s["spec_decode_num_drafts"] > 0
+    if correct is None:
+        assert s["spec_decode_num_accepted_tokens"] == s["spec_decode_num_draft_tokens"]
+    assert_clean(e)
+
+
+def test_sampled_distribution_agrees_with_no_speculation(dense):
+    """Two-sample chi-square over independent seeds: the second and third tokens (drawn by verify positions,
+    the drafts proposing each position's most frequent token) are distributed as without speculation. top_k=4 keeps four
+    categories per position."""
+    n = 300
+    prompt = PROMPTS[0]
+
+    def draws(k, seeds, drafts=None):
+        e = engine(dense, k, disable_by_batch_size=n, max_num_seqs=64, max_num_batched_tokens=512, block_size=4)
+        if k:
+            e.runner.drafter = ScriptedDrafter(drafts, e.vocab_size)
+        res = e.generate([prompt] * n, [SamplingParams(temperature=1.5, top_k=4, seed=s, max_tokens=3,
+                                                         ignore_eos=True) for s in seeds])
+        stats.append(e.stats())
+        return res
+
+    stats = []
+    base = draws(0, range(n))
+    a = [tuple(r.outputs[0].token_ids[1:]) for r in base]
+    # the drafts: at each output position the token seen most often there without speculation
+    mode = [max(set(col), key=col.count) for col in ([list(r.outputs[0].token_ids)[i] for r in base] for i in range(3))]
+    b = [tuple(r.outputs[0].token_ids[1:])
+         for r in draws(2, range(10_000, 10_000 + n), {(tuple(base[0].prompt_token_ids), 0): mode})]
+    for pos in (0, 1):
+        cats = sorted({x[pos] for x in a + b})
+        ca = torch.tensor([sum(x[pos] == c for x in a) for c in cats], dtype=torch.float64)
+        cb = torch.tensor([sum(x[pos] == c for x in b) for c in cats], dtype=torch.float64)
+        keep = (ca + cb) >= 10   # pool rare categories (they carry no power and break the approximation)
+        ca = torch.cat([ca[keep], ca[~keep].sum()[None]]) if (~keep).any() else ca
+        cb = torch.cat([cb[keep], cb[~keep].sum()[None]]) if (~keep).any() else cb
+        tot = ca + cb
+        ea, eb = tot * ca.sum() / tot.sum(), tot * cb.sum() / tot.sum()
+        chi2 = float((((ca - ea) ** 2 / ea) + ((cb - eb) ** 2 / eb)).sum())
+        dof = len(tot) - 1
+        # p < 0.001 critical values of chi-square; a biased acceptance (e.g. always keeping the draft) would
+        # put far more mass on one token than this allows with 300 samples a side
+        assert dof >= 1 and chi2 < {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52}.get(dof, 5 * dof), (cats, ca, cb)
+    # both outcomes happened: some drafts accepted, some rejected
+    assert 0 < stats[1]["spec_decode_num_accepted_tokens"] < stats[1]["spec_decode_num_draft_tokens"]
+
+
+def test_large_batches_do_not_draft(dense):
     # above disable_by_batch_size running sequences no step drafts: three short prompts are admitted together and
     # run to the same length, so 3 > 2 sequences run in every step
     short = [PROMPTS[0], PROMPTS[2], PROMPTS[3]]
