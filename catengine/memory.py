@@ -87,9 +87,10 @@ def plan_memory(cfg: EngineConfig, *, kv_bytes_per_block: int, state_bytes_per_s
     budget = cfg.kv_cache_memory_bytes if explicit_budget else (
         budget_bytes if budget_bytes is not None else CPU_KV_CACHE_BYTES)
     want_len = cfg.max_model_len or max_position_embeddings
-    # a speculating sequence owns k+1 live slots: the verify forward writes the state after each of its k+1
-    # tokens to its own slot and the sequence continues from the accepted one (rollback without copies)
-    live = seqs * (1 + cfg.num_speculative_tokens)
+    # a drafting sequence holds k more live slots: the verify forward writes the state after each of its k+1
+    # tokens to its own slot and the sequence continues from the accepted one (rollback without copies); at most
+    # speculative_disable_by_batch_size sequences draft at once (SchedulerConfig.num_live_slots agrees)
+    live = seqs + min(seqs, cfg.speculative_disable_by_batch_size) * cfg.num_speculative_tokens
     live_bytes = (live + 1) * state_bytes_per_slot   # + the padding slot (see MemoryPlan.pad_state_slot)
 
     if cfg.enable_prefix_caching and hybrid and state_bytes_per_slot:

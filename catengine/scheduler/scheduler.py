@@ -38,9 +38,10 @@ class SchedulerConfig:
     spec_disable_batch_size: int = 1 << 30
 
     @property
-    def slots_per_seq(self) -> int:
-        """Live state slots a running sequence owns: its own plus one per draft (see Scheduler.update)."""
-        return 1 + self.num_speculative_tokens
+    def num_live_slots(self) -> int:
+        """One live state slot per sequence, plus k draft slots for each sequence that can draft at once (no step
+        drafts with more than spec_disable_batch_size sequences running); MemoryPlan.num_live_slots agrees."""
+        return self.max_num_seqs + min(self.max_num_seqs, self.spec_disable_batch_size) * self.num_speculative_tokens
 
 
 @dataclass
@@ -101,8 +102,7 @@ class Scheduler:
         self.config = c = config
         self.caching = c.enable_prefix_caching
         self.blocks = BlockManager(c.num_blocks, c.block_size, c.enable_prefix_caching)
-        self.states = StateCache(c.max_num_seqs * c.slots_per_seq,
-                                 c.num_snapshot_slots if c.enable_prefix_caching else 0)
+        self.states = StateCache(c.num_live_slots, c.num_snapshot_slots if c.enable_prefix_caching else 0)
         self.blocks.on_evict.append(self.states.drop)
         self.waiting: list[Sequence] = []   # sorted by sort_key (FCFS)
         self.running: list[Sequence] = []   # sorted by sort_key: running[-1] is the newest
@@ -211,18 +211,24 @@ class Scheduler:
             self.states.release_live(slot)
         seq.spare_slots = []
 
-    def _take_slots(self, seq: Sequence) -> None:
-        """The live slot and the draft slots of a sequence being admitted or forked (the caller checked
-        num_free_live >= slots_per_seq)."""
-        seq.state_slot = self.states.allocate_live()
-        seq.spare_slots = [self.states.allocate_live() for _ in range(self.config.num_speculative_tokens)]
-
     def _num_drafts(self, seq: Sequence, budget: int, drafting: bool) -> int:
         """Drafts a decoding sequence verifies this step: k, fewer near its token limit (a verify step adds at
-        most num_drafts + 1 tokens) or the step's budget."""
-        if not drafting or not seq.can_draft:
-            return 0
-        return max(0, min(self.config.num_speculative_tokens, seq.max_total_tokens - seq.num_tokens - 1, budget - 1))
+        most num_drafts + 1 tokens), the step's budget or the draft slots there are. It holds one spare live slot
+        per draft (the verify step writes the state after each token there); a sequence not drafting gives its
+        spares back (they hold nothing it needs after a step)."""
+        m = 0
+        if drafting and seq.can_draft:
+            m = max(0, min(self.config.num_speculative_tokens, seq.max_total_tokens - seq.num_tokens - 1, budget - 1))
+        # every sequence that could still be admitted keeps a live slot
+        free = self.states.num_free_live - (self.config.max_num_seqs - len(self.running))
+        m = min(m, len(seq.spare_slots) + max(0, free))
+        while len(seq.spare_slots) < m:
+            seq.spare_slots.append(self.states.allocate_live())
+        if not m:
+            for slot in seq.spare_slots:
+                self.states.release_live(slot)
+            seq.spare_slots = []
+        return m
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
@@ -295,8 +301,7 @@ class Scheduler:
                     chosen[seq] = num_new
                     budget -= num_new
 
-        while (self.waiting and budget > 0 and len(self.running) < c.max_num_seqs
-               and self.states.num_free_live >= c.slots_per_seq):
+        while self.waiting and budget > 0 and len(self.running) < c.max_num_seqs and self.states.num_free_live:
             seq = self.waiting[0]
             hits, snapshot = self._prefix_hit(seq)
             start = len(hits) * bs
@@ -309,7 +314,7 @@ class Scheduler:
             seq.num_computed = start
             allocated = self.blocks.allocate(seq, start + num_new)
             assert allocated, "admission computed room wrongly"
-            self._take_slots(seq)
+            seq.state_slot = self.states.allocate_live()
             if snapshot is not None:
                 self.states.touch(snapshot[0])
                 restores.append((snapshot[1], seq.state_slot))
@@ -405,11 +410,11 @@ class Scheduler:
         self.requests[parent.request_id].append(child)
         child.can_draft = parent.can_draft
         partial = parent.num_computed % self.block_size != 0
-        if (len(self.running) < self.config.max_num_seqs and self.states.num_free_live >= self.config.slots_per_seq
+        if (len(self.running) < self.config.max_num_seqs and self.states.num_free_live
                 and self.blocks.num_available >= int(partial)):
             copy = self.blocks.fork(parent, child)
             child.num_computed = parent.num_computed
-            self._take_slots(child)
+            child.state_slot = self.states.allocate_live()
             if copy is not None:
                 self._fork_copies.append((child, 0, "block", *copy))
             self._fork_copies.append((child, 0, "state", parent.state_slot, child.state_slot))
