@@ -260,3 +260,15 @@ def test_trained_mtp_head_of_the_demo_model_is_accepted():
     assert s["spec_decode_mean_acceptance_length"] > 1.8, s   # measured 2.2-2.4 at k = 3 (random heads: 1.0)
     assert s["spec_decode_num_accepted_tokens_per_pos"][0] >= s["spec_decode_num_accepted_tokens_per_pos"][2]
     assert_clean(e)
+
+
+def test_max_model_len_inside_an_accepted_run(dense):
+    settings = dict(SETTINGS, max_model_len=40)
+    params = SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True)   # up to the full context
+    want = engine(dense, **settings).generate(PROMPTS[0], params)
+    e = engine(dense, 4, **settings)
+    e.runner.drafter = ScriptedDrafter(expected(want), e.vocab_size)
+    got = e.generate(PROMPTS[0], params)
+    assert tokens(got) == tokens(want) and len(got[0].prompt_token_ids) + len(got[0].outputs[0].token_ids) == 40
+    assert got[0].outputs[0].finish_reason == "length" and e.stats()["spec_decode_num_accepted_tokens"] > 0
+    assert_clean(e)
