@@ -37,7 +37,7 @@ from .sample_rows import SampleRows, penalty_views, sample_rows
 from .sampling import SamplingParams, TokenLogprobs, apply_penalties, sample
 from .scheduler import SchedulerOutput, Sequence
 from .spec import Drafter, MTPDrafter, accept
-from .spec.rows import intermediate_slots, merge_rows, without_rows
+from .spec.rows import intermediate_slots, intermediate_targets, merge_rows, without_rows
 
 log = logging.getLogger("catengine")
 
@@ -243,7 +243,8 @@ class ModelRunner:
         shape = BatchShape(max_query_len=max(lens), max_seq_len=max(ends),
                            decode_only=all(n == 1 and s > 0 for n, s in zip(lens, starts)))
         if any(it.num_drafts for it in items):
-            host["intermediate_state_slots"] = intermediate_slots(items, shape.max_query_len)
+            host["intermediate_state_slots"] = inter = intermediate_slots(items, shape.max_query_len)
+            host["intermediate_rows"], host["intermediate_row_slots"] = intermediate_targets(inter)
         return host, shape
 
     def device_batch(self, host: dict[str, torch.Tensor], shape: BatchShape):
@@ -253,7 +254,9 @@ class ModelRunner:
             slot_mapping=dev["slot_mapping"], state_slots=dev["state_slots"],
             has_initial_state=dev["has_initial_state"], max_query_len=shape.max_query_len,
             max_seq_len=shape.max_seq_len, decode_only=shape.decode_only,
-            intermediate_state_slots=dev.get("intermediate_state_slots"))
+            intermediate_state_slots=dev.get("intermediate_state_slots"),
+            intermediate_targets=(dev["intermediate_rows"], dev["intermediate_row_slots"])
+            if "intermediate_rows" in dev else None)
         return dev["input_ids"], dev["positions"], batch
 
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:

@@ -20,9 +20,11 @@ def conv_windows_before(conv_states: torch.Tensor, state_slots: torch.Tensor,
 
 
 def save_conv_windows(x: torch.Tensor, init: torch.Tensor, conv_states: torch.Tensor, query_start_loc: torch.Tensor,
-                      intermediate_state_slots: torch.Tensor) -> None:
+                      intermediate_state_slots: torch.Tensor, targets=None) -> None:
     """Write the window after each new token j of sequence b to ``conv_states[intermediate_state_slots[b, j]]``
-    (negative: skip). x: [T, C] the pre-conv inputs of the step; init: [B, Kc-1, C] from conv_windows_before."""
+    (negative: skip). x: [T, C] the pre-conv inputs of the step; init: [B, Kc-1, C] from conv_windows_before;
+    targets: (flat b * Q + j, slot) of the saved entries (BatchMetadata.intermediate_targets), else derived here
+    (a host sync)."""
     b, q = intermediate_state_slots.shape
     w = init.shape[1]
     t = x.shape[0]
@@ -33,5 +35,8 @@ def save_conv_windows(x: torch.Tensor, init: torch.Tensor, conv_states: torch.Te
     rows = x.index_select(0, src.reshape(-1)).view(b, q, -1) if t else x.new_zeros(b, q, x.shape[1])
     padded = torch.cat([init.to(x.dtype), rows], dim=1)                             # [B, Kc-1+Q, C]
     windows = padded.unfold(1, w, 1)[:, 1:q + 1].transpose(2, 3)                    # [B, Q, Kc-1, C]
-    keep = valid & (intermediate_state_slots >= 0)
-    conv_states[intermediate_state_slots[keep].to(torch.int64)] = windows[keep].to(conv_states.dtype)
+    if targets is None:
+        keep = (valid & (intermediate_state_slots >= 0)).reshape(-1).nonzero().flatten()
+        targets = keep, intermediate_state_slots.reshape(-1)[keep].to(torch.int64)
+    rows, slots = targets
+    conv_states.index_copy_(0, slots, windows.reshape(b * q, w, -1).index_select(0, rows).to(conv_states.dtype))

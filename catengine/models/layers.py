@@ -116,7 +116,8 @@ class GatedDeltaNet:
             mixed = ops.causal_conv1d(mixed, self.conv_weight, cache.conv, batch.query_start_loc,
                                       batch.state_slots, batch.has_initial_state)
             if verify:
-                save_conv_windows(pre, init, cache.conv, batch.query_start_loc, batch.intermediate_state_slots)
+                save_conv_windows(pre, init, cache.conv, batch.query_start_loc, batch.intermediate_state_slots,
+                                  batch.intermediate_targets)
         q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.reshape(t, self.hk, self.dk)
         k = k.reshape(t, self.hk, self.dk)

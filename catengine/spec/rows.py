@@ -19,6 +19,13 @@ def intermediate_slots(items, max_query_len: int) -> torch.Tensor:
     return out
 
 
+def intermediate_targets(slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(flat b * Q + j, slot) of the saved entries of :func:`intermediate_slots`'s table, on the host."""
+    flat = slots.reshape(-1)
+    rows = (flat >= 0).nonzero().flatten()
+    return rows, flat[rows].to(torch.int64)
+
+
 def without_rows(rows: SampleRows, drop: dict) -> SampleRows:
     """``rows`` less the rows in ``drop`` (the verify rows, which the acceptance samples)."""
     if not drop:
