@@ -29,10 +29,21 @@ from common import device_header, print_table   # noqa: E402  (run from bench/)
 
 
 def set_k(engine, k: int, drafter) -> None:
-    """Speculate with k drafts from now on (the engine was built for the largest k; nothing is running)."""
+    """Speculate with k drafts from now on (the engine was built for the largest k; nothing is running); the
+    verify CUDA graphs are captured again for q = k+1 (the engine captures them for its own k only)."""
     import dataclasses
+
+    from catengine.spec.graphs import build_verify_graphs
     engine.scheduler.config = dataclasses.replace(engine.scheduler.config, num_speculative_tokens=k)
     engine.runner.drafter = drafter
+    graphs = engine.runner.verify_graphs
+    if k and engine.runner.graphs is not None and (graphs is None or graphs.query_len != k + 1):
+        engine.runner.verify_graphs = build_verify_graphs(engine.runner, num_drafts=k)
+
+
+def graph_runs(engine) -> int:
+    g = engine.runner.verify_graphs
+    return g.num_runs if g is not None else 0
 
 
 def timed(engine, prompts, params) -> tuple[float, list, dict]:
@@ -64,19 +75,21 @@ def run_model(path: Path, name: str, batches, ks, tokens: int, prompt_len: int =
         t_base, ref, d_base = timed(engine, prompts, params)
         step_base = t_base / d_base["num_steps"]
         expected = {(tuple(r.prompt_token_ids), 0): list(r.outputs[0].token_ids) for r in ref}
-        rows = [["no MTP", 0, b * tokens / t_base, 1.0, 1.0, step_base * 1e3, "-"]]
+        rows = [["no MTP", 0, b * tokens / t_base, 1.0, 1.0, step_base * 1e3, "-", 0]]
         for k in ks:
             for label, drafter in (("never", ScriptedDrafter(expected, vocab, 0)),
                                    ("oracle", ScriptedDrafter(expected, vocab)), ("MTP head", mtp)):
                 set_k(engine, k, drafter)
                 timed(engine, prompts, params)               # warm-up of this shape (verify kernels compile)
+                runs = graph_runs(engine)
                 t, res, d = timed(engine, prompts, params)
                 same = [list(r.outputs[0].token_ids) for r in res] == [list(r.outputs[0].token_ids) for r in ref]
                 acc = 1 + d["spec_decode_num_accepted_tokens"] / max(d["spec_decode_num_drafts"], 1)
                 rows.append([label, k, b * tokens / t, t_base / t, acc, t / d["num_steps"] * 1e3,
-                             "yes" if same else "NO"])
+                             "yes" if same else "NO", graph_runs(engine) - runs])
         print_table(f"{name}: batch {b}, {tokens} greedy tokens after a {prompt_len}-token prompt",
-                    ["drafter", "k", "tok/s", "x no-MTP", "mean accept len", "ms/step", "same tokens"], rows)
+                    ["drafter", "k", "tok/s", "x no-MTP", "mean accept len", "ms/step", "same tokens",
+                     "verify graph steps"], rows)
         never = {r[1]: r[5] for r in rows if r[0] == "never"}
         print_table(f"{name}: verify-step cost over a plain decode step, batch {b} (never-matching drafts)",
                     ["k", "verify ms", "decode ms", "ratio"],

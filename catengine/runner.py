@@ -37,6 +37,7 @@ from .sample_rows import SampleRows, penalty_views, sample_rows
 from .sampling import SamplingParams, TokenLogprobs, apply_penalties, sample
 from .scheduler import SchedulerOutput, Sequence
 from .spec import Drafter, MTPDrafter, accept
+from .spec.graphs import VerifyGraphs, build_verify_graphs
 from .spec.rows import intermediate_slots, intermediate_targets, merge_rows, without_rows
 
 log = logging.getLogger("catengine")
@@ -87,6 +88,7 @@ class ModelRunner:
         # speculative decoding: proposes the drafts of the steps' verify items (tests swap in their own)
         self.drafter: Drafter | None = (MTPDrafter(model, self.device)
                                         if config.num_speculative_tokens and model.mtp is not None else None)
+        self.verify_graphs: VerifyGraphs | None = None   # uniform verify steps, captured like decode
         self.memory_plan: MemoryPlan = self._plan_memory(self._profile_cache_budget())
         plan = self.memory_plan
         self.caches = self._allocate(plan.num_blocks, plan.num_state_slots, block_size=plan.block_size)
@@ -94,6 +96,7 @@ class ModelRunner:
             log.info("warm-up (kernel compilation on a cold cache) took %.1f s", self.warm_up())
             if not config.enforce_eager:
                 self.enable_decode_graphs()
+                self.verify_graphs = build_verify_graphs(self)
 
     # ------------------------------------------------------------------ start-up
     def _profile_cache_budget(self) -> int | None:
@@ -147,7 +150,7 @@ class ModelRunner:
     def close(self) -> None:
         """Drop the model, the caches and the graphs (which hold the caches and their memory pool): the
         GPU memory is freed once nothing else references them."""
-        self.caches = self.graphs = None
+        self.caches = self.graphs = self.verify_graphs = None
         self.model = None
 
     # ------------------------------------------------------------------ one step
@@ -165,8 +168,11 @@ class ModelRunner:
         verify = "intermediate_state_slots" in host
         rows = sample_rows(out)
         graphs = self.graphs
-        if not verify and graphs is not None and graphs.can_run(shape, len(out.scheduled),
-                                                                host["block_tables"].shape[1]):
+        width = host["block_tables"].shape[1]
+        if verify and self.verify_graphs is not None and self.verify_graphs.can_run(shape, len(out.scheduled), width,
+                                                                                    out.scheduled):
+            hidden = self.verify_graphs.run(host)
+        elif not verify and graphs is not None and graphs.can_run(shape, len(out.scheduled), width):
             hidden = graphs.run(host)
         else:
             hidden = self.forward(*self.device_batch(host, shape))

@@ -272,3 +272,17 @@ def test_max_model_len_inside_an_accepted_run(dense):
     assert tokens(got) == tokens(want) and len(got[0].prompt_token_ids) + len(got[0].outputs[0].token_ids) == 40
     assert got[0].outputs[0].finish_reason == "length" and e.stats()["spec_decode_num_accepted_tokens"] > 0
     assert_clean(e)
+
+
+@pytest.mark.parametrize("correct", [None, 1, 0], ids=["always-matches", "first-matches", "never-matches"])
+def test_verify_graph_padding_gives_the_same_tokens(dense, correct):
+    """The verify CUDA graphs' padded static buffers, run eagerly (capture=False: the CPU checks the padding, the
+    GPU tests the capture): uniform verify steps of 1..4 sequences padded to the captured sizes."""
+    from catengine.spec.graphs import build_verify_graphs
+    base = engine(dense, **SETTINGS).generate(PROMPTS, mixed_params())
+    e = engine(dense, 3, **SETTINGS, cuda_graph_sizes=(1, 2, 4, 8))
+    e.runner.drafter = ScriptedDrafter(expected(base), e.vocab_size, correct)
+    e.runner.verify_graphs = build_verify_graphs(e.runner, capture=False)
+    assert tokens(e.generate(PROMPTS, mixed_params())) == tokens(base)
+    assert e.runner.verify_graphs.num_runs > 0 and e.stats()["spec_decode_num_drafts"] > 0
+    assert_clean(e)

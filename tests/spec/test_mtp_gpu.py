@@ -25,8 +25,11 @@ def test_mtp_on_cuda_matches_greedy_and_accepts():
     base.close()
     engine = Engine(model=None, device="cuda", max_num_seqs=8, max_model_len=2048, gpu_memory_utilization=0.3,
                     speculative_config={"method": "mtp", "num_speculative_tokens": 3})
+    assert engine.runner.verify_graphs is not None, "the verify CUDA graphs were not captured (see the log)"
     got = [list(o.outputs[0].token_ids) for o in engine.generate(prompts, params)]
     s = engine.stats()
+    print("verify graph steps", engine.runner.verify_graphs.num_runs)
+    assert engine.runner.verify_graphs.num_runs > 0
     print("mean acceptance length", s["spec_decode_mean_acceptance_length"], "per position",
           s["spec_decode_num_accepted_tokens_per_pos"])
     assert got == want
