@@ -16,6 +16,9 @@ Per step (:meth:`ModelRunner.execute`):
    tokens, goes through ``compute_logits``, :func:`apply_penalties` and :func:`sample` (one row per
    completion: a leader finishing its prompt samples its forks' first tokens from the same logits);
 5. the state snapshots: live slots copied into snapshot slots after the forward.
+With speculative decoding (:mod:`catengine.spec`) the drafter proposes the verify items' drafts before step 2,
+verify rows are accepted by :func:`catengine.spec.accept` instead of step 4's sampling, and the drafter keeps
+the step's hidden rows for the next step's MTP passes.
 """
 from __future__ import annotations
 

@@ -6,7 +6,9 @@ Each step, under a token budget (``max_num_batched_tokens``) and ``max_num_seqs`
 3. waiting sequences, FCFS, each starting from its longest usable prefix-cache hit.
 When KV blocks run out, the newest running sequence is preempted (its blocks and state slot are
 freed; it goes back to waiting and later recomputes everything) until the older one fits; a prompt
-chunk first shrinks to the blocks there are. Nothing here touches a GPU tensor: the runner performs
+chunk first shrinks to the blocks there are. With speculative decoding a decode also verifies up to k drafts
+(``ScheduledSeq.num_drafts``; :meth:`Scheduler.update` takes the accepted tokens and rolls the GDN state back
+by swapping live slots). Nothing here touches a GPU tensor: the runner performs
 the block/state copies listed in :class:`SchedulerOutput`.
 """
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 
 from ..errors import CapacityExceeded, ContextTooLong, InvalidRequest
 from .block_manager import BlockManager
+from .drafts import commit_verify, take_draft_slots
 from .request import Sequence, SeqStatus
 from .state_cache import StateCache
 
@@ -212,23 +215,10 @@ class Scheduler:
         seq.spare_slots = []
 
     def _num_drafts(self, seq: Sequence, budget: int, drafting: bool) -> int:
-        """Drafts a decoding sequence verifies this step: k, fewer near its token limit (a verify step adds at
-        most num_drafts + 1 tokens), the step's budget or the draft slots there are. It holds one spare live slot
-        per draft (the verify step writes the state after each token there); a sequence not drafting gives its
-        spares back (they hold nothing it needs after a step)."""
-        m = 0
-        if drafting and seq.can_draft:
-            m = max(0, min(self.config.num_speculative_tokens, seq.max_total_tokens - seq.num_tokens - 1, budget - 1))
+        c = self.config
         # every sequence that could still be admitted keeps a live slot
-        free = self.states.num_free_live - (self.config.max_num_seqs - len(self.running))
-        m = min(m, len(seq.spare_slots) + max(0, free))
-        while len(seq.spare_slots) < m:
-            seq.spare_slots.append(self.states.allocate_live())
-        if not m:
-            for slot in seq.spare_slots:
-                self.states.release_live(slot)
-            seq.spare_slots = []
-        return m
+        reserve = c.max_num_seqs - len(self.running)
+        return take_draft_slots(seq, self.states, c.num_speculative_tokens if drafting else 0, budget, reserve)
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
@@ -367,17 +357,8 @@ class Scheduler:
         for item in out.scheduled:
             seq = item.seq
             if item.num_drafts:
-                tokens = accepted[row]
-                n = len(tokens) - 1   # accepted drafts
-                assert 0 <= n <= item.num_drafts, (n, item)
-                for token in tokens:
-                    seq.append_token(token)
+                for token in commit_verify(seq, item.start, item.num_drafts, accepted[row]):
                     events.append((seq, token, row))
-                seq.num_computed = item.start + 1 + n
-                if n < item.num_drafts:
-                    # rollback without a copy: the state after the last accepted token is in spare slot n
-                    # (the runner's intermediate_state_slots row); the old live slot becomes a spare
-                    seq.state_slot, seq.spare_slots[n] = seq.spare_slots[n], seq.state_slot
                 self.blocks.register_full_blocks(seq)
                 row += 1
                 continue

@@ -16,6 +16,8 @@ from ..models.batch import BatchMetadata
 
 
 class VerifyGraphs(DecodeGraphs):
+    kind = "verify"
+
     def __init__(self, model, caches, *, batch_sizes, query_len: int, max_model_len: int, pad_state_slot: int,
                  device, capture: bool = True):
         self.query_len = q = query_len
