@@ -56,6 +56,82 @@ class MTPDrafter(Drafter):
         batch = BatchMetadata.build(q_lens, seq_lens, tables, block_size, [0] * len(q_lens), self.device)
         return batch, BatchMetadata.positions(q_lens, seq_lens, self.device)
 
+    def _greedy(self, h: torch.Tensor) -> torch.Tensor:
+        """[n] int64 argmax tokens, left on the device: the next pass reads them there, and the host sees all the
+        drafts of the step in one copy (one sync per step, not one per pass)."""
+        return self.model.compute_logits(h).argmax(-1)
+
+    def propose(self, out: SchedulerOutput, caches) -> None:
+        kept, self.kept = self.kept, {}
+        bs = caches.block_size
+        drafting = [it for it in out.scheduled if it.num_drafts]
+        for it in drafting:
+            it.draft_tokens = []
+        drafts: dict[int, list[torch.Tensor]] = {}       # seq_id -> its drafts so far (0-d device tensors)
+        last: dict[int, tuple[torch.Tensor, int]] = {}   # seq_id -> (MTP hidden of its last pass, position)
+        # 1. catch-up over the rows each sequence's previous step committed
+        items = [(it, k) for it in out.scheduled if (k := kept.get(it.seq.seq_id)) is not None and k.end == it.start]
+        if items:
+            ids = [t for it, k in items for t in it.seq.token_ids[k.start + 1:k.end + 1]]
+            batch, pos = self._batch([k.hidden.shape[0] for _, k in items], [k.end for _, k in items],
+                                     [it.seq.block_table for it, _ in items], bs)
+            h = self.model.mtp_forward(torch.tensor(ids, dtype=torch.int64, device=self.device), pos,
+                                       torch.cat([k.hidden for _, k in items]), batch, caches)
+            self.num_passes += 1
+            ends = list(itertools.accumulate(k.hidden.shape[0] for _, k in items))   # host-side: no sync
+            want = [(it, ends[i] - 1) for i, (it, _) in enumerate(items) if it.num_drafts]
+            if want:
+                rows = h.index_select(0, torch.tensor([r for _, r in want], device=h.device))
+                for (it, _), row, tok in zip(want, rows, self._greedy(rows)):
+                    drafts[it.seq.seq_id] = [tok]
+                    last[it.seq.seq_id] = (row, it.start)
+        # 2. one pass per further draft
+        for j in range(2, max((it.num_drafts for it in drafting), default=0) + 1):
+            step = [it for it in drafting if it.num_drafts >= j and it.seq.seq_id in last]
+            if not step:
+                break
+            positions = [last[it.seq.seq_id][1] for it in step]
+            batch, pos = self._batch([1] * len(step), [p + 1 for p in positions], [it.seq.block_table for it in step],
+                                     bs)
+            ids = torch.stack([drafts[it.seq.seq_id][-1] for it in step])
+            h = self.model.mtp_forward(ids, pos, torch.stack([last[it.seq.seq_id][0] for it in step]), batch, caches)
+            self.num_passes += 1
+            for it, row, tok, p in zip(step, h, self._greedy(h), positions):
+                drafts[it.seq.seq_id].append(tok)
+                last[it.seq.seq_id] = (row, p + 1)
+        have = [it for it in drafting if it.seq.seq_id in drafts]
+        if have:
+            flat = torch.stack([t for it in have for t in drafts[it.seq.seq_id]]).tolist()
+            for it in have:
+                n = len(drafts[it.seq.seq_id])
+                it.draft_tokens, flat = flat[:n], flat[n:]
+        for it in drafting:   # no kept rows (after a fork or preemption): filler, verified like any draft
+            it.draft_tokens.extend([it.seq.token_ids[-1]] * (it.num_drafts - len(it.draft_tokens)))
+
+    def record(self, out: SchedulerOutput, hidden: torch.Tensor, accepted: dict[int, list[int]]) -> None:
+        pass
+
+
+@dataclass
+class _Kept:
+    start: int             # position of the first kept row
+    hidden: torch.Tensor   # [n, H] target final-norm hidden states of positions start .. start+n-1
+
+    @property
+    def end(self) -> int:
+        return self.start + self.hidden.shape[0]
+
+
+class MTPDrafter(Drafter):
+    def __init__(self, model, device):
+        self.model, self.device = model, torch.device(device)
+        self.kept: dict[int, _Kept] = {}    # seq_id -> rows of its last step (only sequences that may draft)
+        self.num_passes = 0                 # MTP forwards run (tests, stats)
+
+    def _batch(self, q_lens, seq_lens, tables, block_size):
+        batch = BatchMetadata.build(q_lens, seq_lens, tables, block_size, [0] * len(q_lens), self.device)
+        return batch, BatchMetadata.positions(q_lens, seq_lens, self.device)
+
     def _greedy(self, h: torch.Tensor) -> list[int]:
         return self.model.compute_logits(h).argmax(-1).tolist()
 
