@@ -29,6 +29,12 @@ DEFAULT_MAX_BATCHED_TOKENS = {"cuda": 8192, "cpu": 2048}
 DISTRIBUTED_BACKENDS = ("mp", "external_launcher")
 SSM_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
 LM_HEAD_QUANT = (None, "int8")
+MTP_METHODS = ("mtp", "qwen3_next_mtp", "qwen3_5_mtp")   # vLLM's names for the checkpoint's own MTP head
+MAX_SPECULATIVE_TOKENS = 8
+# no drafting above this many running sequences until bench/bench_mtp.py measures where it stops paying: a
+# verify step over k+1 rows per sequence turns the memory-bound decode GEMV into a GEMM; by batch 32 a
+# decode step is no longer weight-bound on the H200, so drafts there mostly cost (vLLM leaves it unset)
+DEFAULT_SPEC_DISABLE_BATCH = 32
 
 
 def _help(text: str, default=None, **kw):
@@ -84,6 +90,9 @@ class EngineConfig:
     cuda_graph_sizes: tuple[int, ...] | None = _help("decode batch sizes to capture CUDA graphs for (those above "
                                                      "max_num_seqs are dropped); None: 1, 2, 4, 8, 16, 24, ... up to "
                                                      "min(max_num_seqs, 256)")
+    speculative_config: dict | None = _help("speculative decoding, vLLM's shape: {\"method\": \"mtp\", "
+                                            "\"num_speculative_tokens\": k (1..8), \"disable_by_batch_size\": N}; "
+                                            "drafts with the checkpoint's MTP head; None: off")
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> "EngineConfig":
@@ -139,6 +148,7 @@ class EngineConfig:
                 isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in sizes)):
             raise ConfigError(f"cuda_graph_sizes must be a non-empty list of positive batch sizes (e.g. [1, 2, 4, 8]) "
                               f"or None, got {sizes!r}")
+        check_speculative_config(self.speculative_config)
         if (self.max_num_seqs is not None and self.max_num_batched_tokens is not None
                 and self.max_num_batched_tokens < self.max_num_seqs):
             raise ConfigError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
@@ -166,6 +176,17 @@ class EngineConfig:
             raise ConfigError("mamba_ssm_cache_dtype bfloat16 needs an sm_80+ GPU; use float16 or float32")
         return dataclasses.replace(self, device=str(device), dtype=dtype_name, mamba_ssm_cache_dtype=ssm,
                                    max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        """Draft tokens per speculating sequence and step (0: no speculation)."""
+        return int((self.speculative_config or {}).get("num_speculative_tokens") or 0)
+
+    @property
+    def speculative_disable_by_batch_size(self) -> int:
+        """Running sequences above which a step drafts nothing (vLLM's disable_by_batch_size)."""
+        value = (self.speculative_config or {}).get("disable_by_batch_size")
+        return DEFAULT_SPEC_DISABLE_BATCH if value is None else int(value)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -236,3 +257,27 @@ def _positive_int(cfg: EngineConfig, name: str, optional: bool = False) -> None:
     _int(cfg, name)
     if value < 1:
         raise ConfigError(f"{name} must be a positive integer{' or None' if optional else ''}, got {value}")
+
+
+def check_speculative_config(spec) -> None:
+    """ConfigError unless ``spec`` is None or vLLM's speculative dict for MTP with 1..8 draft tokens."""
+    if spec is None:
+        return
+    if not isinstance(spec, dict):
+        raise ConfigError(f"speculative_config must be a dict such as {{\"method\": \"mtp\", "
+                          f"\"num_speculative_tokens\": 3}} or None, got {spec!r}")
+    known = {"method", "num_speculative_tokens", "disable_by_batch_size"}
+    unknown = sorted(set(spec) - known)
+    if unknown:
+        raise ConfigError(f"speculative_config keys {unknown} are not supported; use {sorted(known)}")
+    method = spec.get("method", "mtp")
+    if method not in MTP_METHODS:
+        raise ConfigError(f"speculative_config method {method!r} is not supported: catengine drafts with the "
+                          f"checkpoint's MTP head; use \"mtp\" (or vLLM's aliases {', '.join(MTP_METHODS[1:])})")
+    k = spec.get("num_speculative_tokens")
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+        raise ConfigError(f"speculative_config num_speculative_tokens must be an integer in "
+                          f"[1, {MAX_SPECULATIVE_TOKENS}] (3 is a good start), got {k!r}")
+    n = spec.get("disable_by_batch_size")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise ConfigError(f"speculative_config disable_by_batch_size must be a positive integer or absent, got {n!r}")

@@ -49,6 +49,8 @@ def capture_sizes(explicit, max_num_seqs: int) -> list[int]:
 
 
 class DecodeGraphs:
+    kind = "decode"   # in the capture log line
+
     def __init__(self, model, caches: ModelCaches, *, batch_sizes: list[int], max_model_len: int,
                  pad_state_slot: int, device: torch.device, capture: bool = True):
         """``max_model_len`` and ``pad_state_slot`` come from the memory plan; the block size from ``caches``."""
@@ -122,8 +124,8 @@ class DecodeGraphs:
         torch.cuda.synchronize(self.device)
         self.capture_seconds = time.perf_counter() - t0
         self.pool_bytes = torch.cuda.memory_reserved(self.device) - before
-        log.info("captured %d decode CUDA graphs (batch sizes %s) in %.1f s, %.0f MiB",
-                 len(self._graphs), _ranges(self.batch_sizes), self.capture_seconds, self.pool_bytes / 2**20)
+        log.info("captured %d %s CUDA graphs (batch sizes %s) in %.1f s, %.0f MiB",
+                 len(self._graphs), self.kind, _ranges(self.batch_sizes), self.capture_seconds, self.pool_bytes / 2**20)
 
     # ------------------------------------------------------------------ replay
     @torch.inference_mode()

@@ -30,6 +30,8 @@ from .request_state import PreparedRequest, RequestState
 from .runner import ModelRunner
 from .sampling import SamplingParams
 from .scheduler import Scheduler, SchedulerConfig
+from .spec.accept import can_draft
+from .spec.stats import check_mtp, count_spec, spec_stats
 from .tokenizer import Tokenizer
 
 log = logging.getLogger("catengine")
@@ -69,10 +71,12 @@ class Engine:
         check_dtype_supported(cfg.torch_dtype, device)
         make_current(device)
         self.tokenizer = Tokenizer(cfg.tokenizer or path, chat_template=cfg.chat_template)
+        k = cfg.num_speculative_tokens
         # TP > 1: rank 0 here (the executor's RemoteModel), the other ranks in their own processes
-        self.executor = TPExecutor(path, cfg, device) if cfg.tensor_parallel_size > 1 else None
+        self.executor = TPExecutor(path, cfg, device, load_mtp=k > 0) if cfg.tensor_parallel_size > 1 else None
         self.model = self.executor.model if self.executor is not None else \
-            load_model(path, dtype=cfg.torch_dtype, device=device, load_mtp=False)
+            load_model(path, dtype=cfg.torch_dtype, device=device, load_mtp=k > 0)
+        check_mtp(self.model, k, path)
         if cfg.quantize_lm_head:
             self.model.quantize_lm_head(cfg.quantize_lm_head)
         self.model_config = model_config
@@ -92,7 +96,8 @@ class Engine:
             num_blocks=plan.num_blocks, block_size=plan.block_size, max_num_seqs=cfg.max_num_seqs,
             max_num_batched_tokens=cfg.max_num_batched_tokens, max_model_len=plan.max_model_len,
             enable_prefix_caching=cfg.enable_prefix_caching, num_snapshot_slots=plan.num_snapshot_slots,
-            hybrid=bool(model_config.linear_attention_layers)))
+            hybrid=bool(model_config.linear_attention_layers), num_speculative_tokens=k,
+            spec_disable_batch_size=cfg.speculative_disable_by_batch_size))
         self._rng = random.Random(cfg.seed)
         self._rng_lock = threading.Lock()
         self._requests: dict[str, RequestState] = {}
@@ -199,6 +204,7 @@ class Engine:
                                  params=prep.completion_params[0], seed=prep.seeds[0], forks=forks,
                                  skip_prefix_cache=prep.params.prompt_logprobs is not None)
         state.completions[0].seq = seq
+        seq.can_draft = self.config.num_speculative_tokens > 0 and can_draft(seq.params, prep.grammar)
         if prep.grammar is not None:
             backend = self.grammar_backend
             for c in state.completions:
@@ -250,10 +256,13 @@ class Engine:
             result = self.runner.execute(out)
             for seq, first, entries in result.prompt_logprobs:   # before the tokens: the first delta carries them
                 self._requests[seq.request_id].add_prompt_logprobs(first, entries)
-            events = sched.update(out, result.token_ids)
+            events = sched.update(out, result.token_ids, result.accepted)
+            count_spec(self._counters, out, result.accepted)
             now = time.time()
             max_len = self.config.max_model_len
             for seq, token, row in events:
+                if seq.is_finished:
+                    continue   # a stop inside an accepted run of drafts: the tokens after it are dropped
                 state = self._requests[seq.request_id]
                 c = state.completions[seq.index]
                 c.seq = seq
@@ -364,6 +373,7 @@ class Engine:
             "request_success_total": dict(self._finish_reasons),
             "num_steps": self._counters["num_steps"],
             "num_grammar_matchers": self._grammars.num_live if self._grammars is not None else 0,
+            **spec_stats(self._counters, self.config.num_speculative_tokens),
         }
 
     def check_integrity(self) -> None:

@@ -87,7 +87,11 @@ def plan_memory(cfg: EngineConfig, *, kv_bytes_per_block: int, state_bytes_per_s
     budget = cfg.kv_cache_memory_bytes if explicit_budget else (
         budget_bytes if budget_bytes is not None else CPU_KV_CACHE_BYTES)
     want_len = cfg.max_model_len or max_position_embeddings
-    live_bytes = (seqs + 1) * state_bytes_per_slot   # + the padding slot (see MemoryPlan.pad_state_slot)
+    # a drafting sequence holds k more live slots: the verify forward writes the state after each of its k+1
+    # tokens to its own slot and the sequence continues from the accepted one (rollback without copies); at most
+    # speculative_disable_by_batch_size sequences draft at once (SchedulerConfig.num_live_slots agrees)
+    live = seqs + min(seqs, cfg.speculative_disable_by_batch_size) * cfg.num_speculative_tokens
+    live_bytes = (live + 1) * state_bytes_per_slot   # + the padding slot (see MemoryPlan.pad_state_slot)
 
     if cfg.enable_prefix_caching and hybrid and state_bytes_per_slot:
         if cfg.num_state_snapshots is not None:
@@ -128,7 +132,7 @@ def plan_memory(cfg: EngineConfig, *, kv_bytes_per_block: int, state_bytes_per_s
         cap = max(need, math.ceil(cfg.kv_cache_auto_trim_ratio * want_len * seqs / bs))
         num_blocks = min(num_blocks, cap)
     used = num_blocks * kv_bytes_per_block + live_bytes + snapshots * state_bytes_per_slot
-    return MemoryPlan(num_blocks=num_blocks, block_size=bs, num_live_slots=seqs, num_snapshot_slots=snapshots,
+    return MemoryPlan(num_blocks=num_blocks, block_size=bs, num_live_slots=live, num_snapshot_slots=snapshots,
                       max_model_len=want_len, kv_bytes_per_block=kv_bytes_per_block,
                       state_bytes_per_slot=state_bytes_per_slot, budget_bytes=budget, used_bytes=used)
 

@@ -165,6 +165,10 @@ class Metrics:
         for key, (name, help_text) in ENGINE_COUNTERS.items():
             value = float(stats.get(key, 0) or 0)
             family(name, "counter", help_text, [f"{PREFIX}{name}_total{_labels(base)} {_num(value)}"])
+        per_pos = stats.get("spec_decode_num_accepted_tokens_per_pos") or []
+        family("spec_decode_num_accepted_tokens_per_pos", "counter", "Accepted tokens per draft position.",
+               [f"{PREFIX}spec_decode_num_accepted_tokens_per_pos_total{_labels({**base, 'position': i})} {_num(n)}"
+                for i, n in enumerate(per_pos)])
         with self._lock:
             family("prompt_tokens", "counter", "Number of prefill tokens processed.",
                    [f"{PREFIX}prompt_tokens_total{_labels(base)} {_num(self.prompt_tokens)}"])

@@ -16,6 +16,9 @@ Per step (:meth:`ModelRunner.execute`):
    tokens, goes through ``compute_logits``, :func:`apply_penalties` and :func:`sample` (one row per
    completion: a leader finishing its prompt samples its forks' first tokens from the same logits);
 5. the state snapshots: live slots copied into snapshot slots after the forward.
+With speculative decoding (:mod:`catengine.spec`) the drafter proposes the verify items' drafts before step 2,
+verify rows are accepted by :func:`catengine.spec.accept` instead of step 4's sampling, and the drafter keeps
+the step's hidden rows for the next step's MTP passes.
 """
 from __future__ import annotations
 
@@ -36,6 +39,9 @@ from .logprobs import prompt_logprobs
 from .sample_rows import SampleRows, penalty_views, sample_rows
 from .sampling import SamplingParams, TokenLogprobs, apply_penalties, sample
 from .scheduler import SchedulerOutput, Sequence
+from .spec import Drafter, MTPDrafter, accept
+from .spec.graphs import VerifyGraphs, build_verify_graphs
+from .spec.rows import intermediate_slots, intermediate_targets, merge_rows, without_rows
 
 log = logging.getLogger("catengine")
 
@@ -56,6 +62,8 @@ class RunnerOutput:
     # (sequence, position of the first entry, logprobs of its prompt tokens from there), per prompt chunk
     # of a request with prompt_logprobs
     prompt_logprobs: list[tuple[Sequence, int, list[TokenLogprobs]]] = field(default_factory=list)
+    # speculative verification: sample row -> the tokens it adds (accepted drafts, then the target's next)
+    accepted: dict[int, list[int]] = field(default_factory=dict)
 
 
 _I32 = next(code for code in "ilh" if array.array(code).itemsize == 4)   # "i" on every common platform
@@ -80,6 +88,10 @@ class ModelRunner:
         self.caches: ModelCaches | None = None   # the profile's throw-away caches stand in until the plan
         self.graphs: DecodeGraphs | None = None  # captured on CUDA without enforce_eager
         self._bitmasks = None                    # structured outputs' mask buffer, made on first use
+        # speculative decoding: proposes the drafts of the steps' verify items (tests swap in their own)
+        self.drafter: Drafter | None = (MTPDrafter(model, self.device)
+                                        if config.num_speculative_tokens and model.mtp is not None else None)
+        self.verify_graphs: VerifyGraphs | None = None   # uniform verify steps, captured like decode
         self.memory_plan: MemoryPlan = self._plan_memory(self._profile_cache_budget())
         plan = self.memory_plan
         self.caches = self._allocate(plan.num_blocks, plan.num_state_slots, block_size=plan.block_size)
@@ -89,6 +101,7 @@ class ModelRunner:
                 log.info("decode CUDA graphs are not captured with tensor_parallel_size > 1 yet; running eagerly")
             elif not config.enforce_eager:
                 self.enable_decode_graphs()
+                self.verify_graphs = build_verify_graphs(self)
 
     # ------------------------------------------------------------------ start-up
     def _profile_cache_budget(self) -> int | None:
@@ -143,7 +156,7 @@ class ModelRunner:
     def close(self) -> None:
         """Drop the model, the caches and the graphs (which hold the caches and their memory pool): the
         GPU memory is freed once nothing else references them."""
-        self.caches = self.graphs = None
+        self.caches = self.graphs = self.verify_graphs = None
         self.model = None
 
     # ------------------------------------------------------------------ one step
@@ -156,21 +169,32 @@ class ModelRunner:
         for src, dst in out.state_copies:   # in order: a restore may target a slot a fork copy reads first
             self.caches.copy_state_slot(src, dst)
         t0 = time.perf_counter()
+        if self.drafter is not None:
+            self.drafter.propose(out, self.caches)
         host, shape = self.host_batch(out)
+        verify = "intermediate_state_slots" in host
         rows = sample_rows(out)
         graphs = self.graphs
-        if graphs is not None and graphs.can_run(shape, len(out.scheduled), host["block_tables"].shape[1]):
+        width = host["block_tables"].shape[1]
+        if verify and self.verify_graphs is not None and self.verify_graphs.can_run(shape, len(out.scheduled), width,
+                                                                                    out.scheduled):
+            hidden = self.verify_graphs.run(host)
+        elif not verify and graphs is not None and graphs.can_run(shape, len(out.scheduled), width):
             hidden = graphs.run(host)
         else:
             hidden = self.forward(*self.device_batch(host, shape))
+        accepted = accept(self.model, hidden, out, self.eos_token_ids) if verify else {}
+        rows = without_rows(rows, accepted)
         # structured outputs: on CUDA the forward is queued, not done, so the grammar masks are filled on
         # the CPU while the GPU computes the hidden states (the first wait is for the sampled tokens)
         masks = self._fill_masks(rows)
-        token_ids, logprobs = self._sample(rows, hidden, masks)
+        token_ids, logprobs = merge_rows(*self._sample(rows, hidden, masks), accepted)
         prompt_lps = self._prompt_logprobs(out, hidden)
+        if self.drafter is not None:
+            self.drafter.record(out, hidden, accepted)
         for src, dst in out.state_saves:
             self.caches.copy_state_slot(src, dst)
-        return RunnerOutput(token_ids, logprobs, time.perf_counter() - t0, prompt_lps)
+        return RunnerOutput(token_ids, logprobs, time.perf_counter() - t0, prompt_lps, accepted)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: BatchMetadata) -> torch.Tensor:
         """The eager model call (prefill, mixed and large batches; every step with ``enforce_eager``)."""
@@ -186,7 +210,8 @@ class ModelRunner:
         ends = [s + n for s, n in zip(starts, lens)]
         ids: list[int] = []
         for it in items:
-            ids.extend(it.seq.token_ids[it.start:it.end])
+            ids.extend(it.seq.token_ids[it.start:it.end - it.num_drafts])
+            ids.extend(it.draft_tokens)
         width = max(len(it.seq.block_table) for it in items)
         table = array.array(_I32)
         for it in items:
@@ -219,6 +244,9 @@ class ModelRunner:
         }
         shape = BatchShape(max_query_len=max(lens), max_seq_len=max(ends),
                            decode_only=all(n == 1 and s > 0 for n, s in zip(lens, starts)))
+        if any(it.num_drafts for it in items):
+            host["intermediate_state_slots"] = inter = intermediate_slots(items, shape.max_query_len)
+            host["intermediate_rows"], host["intermediate_row_slots"] = intermediate_targets(inter)
         return host, shape
 
     def device_batch(self, host: dict[str, torch.Tensor], shape: BatchShape):
@@ -227,7 +255,10 @@ class ModelRunner:
             query_start_loc=dev["query_start_loc"], seq_lens=dev["seq_lens"], block_tables=dev["block_tables"],
             slot_mapping=dev["slot_mapping"], state_slots=dev["state_slots"],
             has_initial_state=dev["has_initial_state"], max_query_len=shape.max_query_len,
-            max_seq_len=shape.max_seq_len, decode_only=shape.decode_only)
+            max_seq_len=shape.max_seq_len, decode_only=shape.decode_only,
+            intermediate_state_slots=dev.get("intermediate_state_slots"),
+            intermediate_targets=(dev["intermediate_rows"], dev["intermediate_row_slots"])
+            if "intermediate_rows" in dev else None)
         return dev["input_ids"], dev["positions"], batch
 
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:

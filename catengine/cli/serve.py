@@ -3,7 +3,7 @@
 A vLLM command line works after ``catengine serve`` unchanged: the flags we implement behave as in
 vLLM; flags that only tune vLLM internals (attention backend, remote code, swap space...) are accepted
 and logged as ignored; flags asking for something we cannot do yet (tensor parallelism above 1, fp8
-e4m3 KV, speculative decoding) fail at startup with a message saying what to use instead. The vLLM
+e4m3 KV, speculative methods other than MTP) fail at startup with a message saying what to use instead. The vLLM
 flags beyond catengine's own settings are in :mod:`catengine.cli.serve_flags`. The port is bound before
 the model loads (a port in use fails at once) and the banner is printed once it is ours.
 """

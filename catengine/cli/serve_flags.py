@@ -11,11 +11,9 @@ Users paste vLLM command lines after ``catengine serve``; every flag of those li
 - **refused** with a ConfigError naming the flag and why, where catengine lacks the feature and ignoring it
   would change what the user gets: expert parallelism (tensor parallelism splits every expert instead).
 
-Speculative decoding (``--speculative-config``, ``--num-speculative-tokens``) is refused too, after its JSON
-is parsed and checked: MTP does not exist yet (issue 20). It would not change the tokens, only the speed,
-but serving a line that asks for it without drafting would make every benchmark of that line wrong with
-no sign of why; the error says to drop the flag. The parsed dict has the shape issue 20's
-``EngineConfig.speculative_config`` takes, so wiring it is one line.
+Speculative decoding is real: ``--speculative-config`` (vLLM's JSON, method ``mtp`` or vLLM's aliases
+``qwen3_next_mtp`` / ``qwen3_5_mtp``), ``--num-speculative-tokens`` and ``--speculative-disable-by-batch-size``
+become ``EngineConfig.speculative_config``; vLLM's other methods (ngram, eagle, a draft model) are refused.
 """
 from __future__ import annotations
 
@@ -43,7 +41,8 @@ IGNORED_FLAGS = ("--trust-remote-code", "--enable-log-requests", "--disable-cust
                  "--disable-fastapi-docs", "--enable-server-load-tracking", "--disable-uvicorn-access-log",
                  "--async-scheduling", "--enable-force-include-usage")
 
-# vLLM's speculative methods; any of them asks for drafting, which catengine cannot do yet (issue 20)
+# vLLM's speculative methods; catengine drafts with MTP only (the checkpoints' own head)
+MTP_METHODS = ("mtp", "qwen3_next_mtp", "qwen3_5_mtp")
 SPECULATIVE_METHODS = ("mtp", "qwen3_next_mtp", "qwen3_5_mtp", "deepseek_mtp", "ngram", "eagle", "eagle3",
                        "medusa", "mlp_speculator", "draft_model", "suffix")
 MAX_SPECULATIVE_TOKENS = 8
@@ -80,8 +79,12 @@ def add_engine_compat_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--override-generation-config", type=_json_object("--override-generation-config"), default=None,
                    help='JSON merged over the generation config, e.g. \'{"temperature": 0.6}\'')
     p.add_argument("--speculative-config", type=_json_object("--speculative-config"), default=None,
-                   help="not implemented yet (MTP, issue 20): refused with a message")
-    p.add_argument("--num-speculative-tokens", type=int, default=None, help=argparse.SUPPRESS)
+                   help='speculative decoding with the checkpoint\'s MTP head, vLLM\'s JSON: '
+                        '\'{"method": "mtp", "num_speculative_tokens": 3}\'')
+    p.add_argument("--num-speculative-tokens", type=int, default=None,
+                   help="draft tokens per step (MTP); the same as num_speculative_tokens in --speculative-config")
+    p.add_argument("--speculative-disable-by-batch-size", type=int, default=None, metavar="N",
+                   help="no drafting in a step with more than N running sequences (default 32)")
     p.add_argument("--mamba-ssm-cache-dtype", "--mamba-cache-dtype", dest="mamba_ssm_cache_dtype",
                    default=_field_default("mamba_ssm_cache_dtype"),
                    help="GDN recurrent state dtype: auto (default: the model dtype), float32, float16 or "
@@ -137,9 +140,9 @@ def engine_compat_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError("--enable-expert-parallel (whole experts per GPU) is not implemented: catengine's "
                           "--tensor-parallel-size splits every expert's intermediate dimension over the GPUs instead; "
                           "drop the flag")
-    speculative_config(args)
     structured = structured_outputs_config(args)
-    return {"mamba_ssm_cache_dtype": str(args.mamba_ssm_cache_dtype).lower(), "quantize_lm_head": args.quantize_lm_head,
+    return {"speculative_config": speculative_config(args),
+            "mamba_ssm_cache_dtype": str(args.mamba_ssm_cache_dtype).lower(), "quantize_lm_head": args.quantize_lm_head,
             "cuda_graph_sizes": cuda_graph_sizes(args),
             "structured_outputs_backend": structured["backend"],
             "structured_outputs_disable_any_whitespace": structured["disable_any_whitespace"]}
@@ -193,29 +196,36 @@ def cuda_graph_sizes(args: argparse.Namespace) -> tuple[int, ...] | None:
 
 
 def speculative_config(args: argparse.Namespace) -> dict[str, Any] | None:
-    """The speculative config in vLLM's shape (None: no speculation); ConfigError when malformed, and
-    when speculation is asked for (not implemented yet: see the module docstring)."""
+    """The speculative config in vLLM's shape, as EngineConfig.speculative_config takes it (None: no
+    speculation); ConfigError when malformed or for a method other than the checkpoint's MTP head."""
     spec = dict(getattr(args, "speculative_config", None) or {})
-    k = getattr(args, "num_speculative_tokens", None)
-    if k is not None:
-        if spec.get("num_speculative_tokens") not in (None, k):
-            raise ConfigError(f"--num-speculative-tokens {k} disagrees with --speculative-config's "
-                              f"num_speculative_tokens {spec['num_speculative_tokens']}; give one")
-        spec["num_speculative_tokens"] = k
-    if not spec:
+    for flag, key in (("--num-speculative-tokens", "num_speculative_tokens"),
+                      ("--speculative-disable-by-batch-size", "disable_by_batch_size")):
+        value = getattr(args, key if key != "disable_by_batch_size" else "speculative_disable_by_batch_size", None)
+        if value is None:
+            continue
+        if spec.get(key) not in (None, value):
+            raise ConfigError(f"{flag} {value} disagrees with --speculative-config's {key} {spec[key]}; give one")
+        spec[key] = value
+    if not spec or set(spec) == {"disable_by_batch_size"}:
         return None
     method, k = spec.get("method"), spec.get("num_speculative_tokens")
     if method is not None and method not in SPECULATIVE_METHODS:
         raise ConfigError(f"--speculative-config method {method!r} is not a vLLM speculative method; Qwen3.5/3.6 "
                           f"use \"mtp\"")
+    if method is not None and method not in MTP_METHODS:
+        raise ConfigError(f"--speculative-config method {method!r} is not supported: catengine drafts with the "
+                          f"checkpoint's own MTP head; use \"mtp\"")
     if k is not None and (isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_SPECULATIVE_TOKENS):
         raise ConfigError(f"--speculative-config num_speculative_tokens must be an integer in "
                           f"[1, {MAX_SPECULATIVE_TOKENS}], got {k!r}")
     if k == 0:
         return None
-    raise ConfigError(f"--speculative-config {json.dumps(spec)}: speculative decoding (the checkpoint's MTP head) is "
-                      f"not implemented in catengine yet (issue 20); drop --speculative-config / "
-                      f"--num-speculative-tokens: the output is the same without drafting, only slower")
+    if k is None:
+        raise ConfigError("--speculative-config needs num_speculative_tokens (1..8, e.g. 3), or give "
+                          "--num-speculative-tokens")
+    # vLLM's other keys (draft model, draft TP, ...) are refused by EngineConfig.validate with their names
+    return {**spec, "method": "mtp"}
 
 
 def generation_defaults(args: argparse.Namespace, model_defaults: dict[str, Any]) -> dict[str, Any]:

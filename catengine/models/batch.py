@@ -25,6 +25,9 @@ class BatchMetadata:
     # [B, max_query_len] int32 or None: write the GDN state after each new token to its own slot
     # (speculative verification rolls back to one of them); -1 = do not save.
     intermediate_state_slots: torch.Tensor | None = None
+    # the same, flattened to its saved entries (b * max_query_len + j, slot), built on the host by the runner so
+    # the conv windows are written without a device-to-host sync in every GDN layer; None: derived from the above
+    intermediate_targets: tuple[torch.Tensor, torch.Tensor] | None = None
     # host-side: every sequence brings exactly one new token and continues a saved GDN state, so the
     # GDN layers may take the single-step conv update and the recurrent rule
     decode_only: bool = False

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from ..kernels import ops
 from .batch import AttentionCache, BatchMetadata, GDNStateCache
+from .gdn_verify import conv_windows_before, save_conv_windows
 from .model_config import ModelConfig
 from .linear import Linear, MergedLinear, WeightSlots
 from .sharding import TPLayout
@@ -108,18 +109,26 @@ class GatedDeltaNet:
         mixed, z = self.in_proj_qkvz.split(self.in_proj_qkvz(x))
         b, a = self.in_proj_ba.split(self.in_proj_ba(x))
         # column slices stay views: the conv and gating kernels take a row stride
+        # speculative verification: the recurrent rule and the conv keep the state after every new token
+        verify = batch.intermediate_state_slots is not None and not batch.decode_only
         if batch.decode_only:
             mixed = ops.causal_conv1d_update(mixed, self.conv_weight, cache.conv, batch.state_slots)
         else:
+            pre = mixed
+            init = conv_windows_before(cache.conv, batch.state_slots, batch.has_initial_state) if verify else None
             mixed = ops.causal_conv1d(mixed, self.conv_weight, cache.conv, batch.query_start_loc,
                                       batch.state_slots, batch.has_initial_state)
+            if verify:
+                save_conv_windows(pre, init, cache.conv, batch.query_start_loc, batch.intermediate_state_slots,
+                                  batch.intermediate_targets)
         q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.reshape(t, self.hk, self.dk)
         k = k.reshape(t, self.hk, self.dk)
         v = v.reshape(t, self.hv, self.dv)
         g, beta = ops.gdn_gating(self.A_log, a, self.dt_bias, b)
-        rule = ops.recurrent_gated_delta_rule if batch.decode_only else ops.chunk_gated_delta_rule
-        extra = {"intermediate_state_slots": batch.intermediate_state_slots} if batch.decode_only else {}
+        recurrent = batch.decode_only or verify
+        rule = ops.recurrent_gated_delta_rule if recurrent else ops.chunk_gated_delta_rule
+        extra = {"intermediate_state_slots": batch.intermediate_state_slots} if recurrent else {}
         o = rule(q, k, v, g, beta, cache.ssm, batch.query_start_loc, batch.state_slots, batch.has_initial_state,
                  self.dk ** -0.5, True, **extra)
         o = ops.gated_rms_norm(o, z.reshape(t, self.hv, self.dv), self.norm_weight, self.eps)

@@ -57,6 +57,10 @@ class Sequence:
     # every prompt position must be computed (prompt logprobs): no prefix hit until the first token is sampled
     skip_prefix_cache: bool = False
     finish_status: str | None = None
+    # speculative decoding: this sequence's params allow drafting (set by the engine), and the live state slots
+    # it holds besides state_slot while it drafts (the verify step writes the state after each token there)
+    can_draft: bool = False
+    spare_slots: list[int] = field(default_factory=list)
 
     # ------------------------------------------------------------------ derived
     @property

@@ -6,7 +6,9 @@ Each step, under a token budget (``max_num_batched_tokens``) and ``max_num_seqs`
 3. waiting sequences, FCFS, each starting from its longest usable prefix-cache hit.
 When KV blocks run out, the newest running sequence is preempted (its blocks and state slot are
 freed; it goes back to waiting and later recomputes everything) until the older one fits; a prompt
-chunk first shrinks to the blocks there are. Nothing here touches a GPU tensor: the runner performs
+chunk first shrinks to the blocks there are. With speculative decoding a decode also verifies up to k drafts
+(``ScheduledSeq.num_drafts``; :meth:`Scheduler.update` takes the accepted tokens and rolls the GDN state back
+by swapping live slots). Nothing here touches a GPU tensor: the runner performs
 the block/state copies listed in :class:`SchedulerOutput`.
 """
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 
 from ..errors import CapacityExceeded, ContextTooLong, InvalidRequest
 from .block_manager import BlockManager
+from .drafts import commit_verify, take_draft_slots
 from .request import Sequence, SeqStatus
 from .state_cache import StateCache
 
@@ -32,6 +35,16 @@ class SchedulerConfig:
     num_snapshot_slots: int = 0
     # True when the model has recurrent (GDN) layers: a prefix hit also needs a state snapshot
     hybrid: bool = True
+    # speculative decoding: draft tokens a decoding sequence may verify per step (0: off), and no drafting in a
+    # step with more running sequences than spec_disable_batch_size
+    num_speculative_tokens: int = 0
+    spec_disable_batch_size: int = 1 << 30
+
+    @property
+    def num_live_slots(self) -> int:
+        """One live state slot per sequence, plus k draft slots for each sequence that can draft at once (no step
+        drafts with more than spec_disable_batch_size sequences running); MemoryPlan.num_live_slots agrees."""
+        return self.max_num_seqs + min(self.max_num_seqs, self.spec_disable_batch_size) * self.num_speculative_tokens
 
 
 @dataclass
@@ -40,6 +53,10 @@ class ScheduledSeq:
     start: int          # tokens already computed before this step
     num_new: int        # tokens computed in this step: seq.token_ids[start : start + num_new]
     num_samples: int    # 0: a prompt chunk; 1: sample the next token; 1 + forks: a leader's last prompt step
+    # speculative verification: the last num_drafts of the num_new tokens are drafts the runner proposes
+    # (draft_tokens, filled by its drafter before the forward), not yet in seq.token_ids
+    num_drafts: int = 0
+    draft_tokens: list[int] = field(default_factory=list)
 
     @property
     def end(self) -> int:
@@ -88,7 +105,7 @@ class Scheduler:
         self.config = c = config
         self.caching = c.enable_prefix_caching
         self.blocks = BlockManager(c.num_blocks, c.block_size, c.enable_prefix_caching)
-        self.states = StateCache(c.max_num_seqs, c.num_snapshot_slots if c.enable_prefix_caching else 0)
+        self.states = StateCache(c.num_live_slots, c.num_snapshot_slots if c.enable_prefix_caching else 0)
         self.blocks.on_evict.append(self.states.drop)
         self.waiting: list[Sequence] = []   # sorted by sort_key (FCFS)
         self.running: list[Sequence] = []   # sorted by sort_key: running[-1] is the newest
@@ -193,6 +210,15 @@ class Scheduler:
         if seq.state_slot is not None:
             self.states.release_live(seq.state_slot)
             seq.state_slot = None
+        for slot in seq.spare_slots:
+            self.states.release_live(slot)
+        seq.spare_slots = []
+
+    def _num_drafts(self, seq: Sequence, budget: int, drafting: bool) -> int:
+        c = self.config
+        # every sequence that could still be admitted keeps a live slot
+        reserve = c.max_num_seqs - len(self.running)
+        return take_draft_slots(seq, self.states, c.num_speculative_tokens if drafting else 0, budget, reserve)
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
@@ -232,6 +258,8 @@ class Scheduler:
         out = SchedulerOutput(scheduled=[])
         restores: list[tuple[int, int]] = []
 
+        drafts: dict[Sequence, int] = {}
+        drafting = 0 < c.num_speculative_tokens and len(self.running) <= c.spec_disable_batch_size
         for decode_pass in (True, False):
             for seq in list(self.running):
                 if budget == 0:
@@ -239,6 +267,13 @@ class Scheduler:
                 if seq.status is not SeqStatus.RUNNING or seq in chosen or (seq.num_pending == 1) != decode_pass:
                     continue
                 num_new = self._chunk(seq, seq.num_computed, budget)
+                if decode_pass:
+                    # a verify step computes the pending token and its drafts; short of blocks, drop the drafts
+                    # before preempting anyone
+                    m = self._num_drafts(seq, budget, drafting)
+                    if m and self.blocks.allocate(seq, seq.num_computed + 1 + m):
+                        drafts[seq] = m
+                        num_new = 1 + m
                 while not self.blocks.allocate(seq, seq.num_computed + num_new):
                     room = (len(seq.block_table) + self.blocks.num_available) * bs - seq.num_computed
                     if not decode_pass and room > 0:
@@ -248,6 +283,7 @@ class Scheduler:
                     budget += chosen.pop(victim, 0)
                     self._preempt(victim)
                     out.preempted.append(victim)
+                    drafts.pop(victim, None)
                     if victim is seq:
                         num_new = 0
                         break
@@ -295,9 +331,11 @@ class Scheduler:
                 continue
             start = seq.num_computed
             end = start + num_new
-            samples = 0 if end < seq.num_tokens else 1 + len(seq.forks)
-            out.scheduled.append(ScheduledSeq(seq, start, num_new, samples))
-            if self.caching and c.hybrid and end % bs == 0:
+            m = drafts.get(seq, 0)
+            samples = 0 if end - m < seq.num_tokens else 1 + len(seq.forks)
+            out.scheduled.append(ScheduledSeq(seq, start, num_new, samples, num_drafts=m))
+            # a verify step's end depends on the acceptance: it saves no snapshot (generated text only)
+            if self.caching and c.hybrid and end % bs == 0 and not m:
                 key = seq.compute_hashes(end // bs, bs)[end // bs - 1]
                 # prompt chunks may evict older snapshots; a decode step only fills a free slot, so
                 # generated text never pushes out the prompt prefixes (system prompts) other requests hit
@@ -308,14 +346,22 @@ class Scheduler:
         return out
 
     # ------------------------------------------------------------------ after the step
-    def update(self, out: SchedulerOutput, sampled: list[int]) -> list[tuple[Sequence, int, int]]:
+    def update(self, out: SchedulerOutput, sampled: list[int],
+               accepted: dict[int, list[int]] | None = None) -> list[tuple[Sequence, int, int]]:
         """Advance the sequences of ``out`` after the runner ran it. ``sampled`` holds one token per
-        sample row (rows in ``out.scheduled`` order; a forking leader's rows are leader, child 1, ...).
-        Returns (sequence, new token, row) for every sampled token, children included."""
+        sample row (rows in ``out.scheduled`` order; a forking leader's rows are leader, child 1, ...);
+        ``accepted[row]``, for a verify step's row, its accepted drafts then the bonus token.
+        Returns (sequence, new token, row) for every new token, children included, in order."""
         events: list[tuple[Sequence, int, int]] = []
         row = 0
         for item in out.scheduled:
             seq = item.seq
+            if item.num_drafts:
+                for token in commit_verify(seq, item.start, item.num_drafts, accepted[row]):
+                    events.append((seq, token, row))
+                self.blocks.register_full_blocks(seq)
+                row += 1
+                continue
             seq.num_computed = item.end
             self.blocks.register_full_blocks(seq)
             if not item.num_samples:
@@ -343,6 +389,7 @@ class Scheduler:
                          arrival=parent.arrival, params=params, seed=seed, admitted=True,
                          num_cached_tokens=parent.num_cached_tokens)
         self.requests[parent.request_id].append(child)
+        child.can_draft = parent.can_draft
         partial = parent.num_computed % self.block_size != 0
         if (len(self.running) < self.config.max_num_seqs and self.states.num_free_live
                 and self.blocks.num_available >= int(partial)):
@@ -380,4 +427,4 @@ class Scheduler:
         assert self.running == sorted(self.running, key=lambda s: s.sort_key), "running list out of order"
         assert len(self.running) <= self.config.max_num_seqs
         self.blocks.check_integrity(self.running)
-        self.states.check_integrity(s.state_slot for s in self.running)
+        self.states.check_integrity(slot for s in self.running for slot in [s.state_slot, *s.spare_slots])

@@ -31,6 +31,11 @@ def stats_line(prev: Mapping[str, Any], cur: Mapping[str, Any], seconds: float) 
             f"tokens/s, Running: {running} reqs, Waiting: {waiting} reqs, "
             f"GPU KV cache usage: {100 * float(cur.get('kv_cache_usage', 0) or 0):.1f}%, "
             f"Prefix cache hit rate: {100 * hits / queries if queries > 0 else 0.0:.1f}%")
+    if "spec_decode_num_drafts" in cur:   # speculative decoding on: vLLM's SpecDecoding figures of the interval
+        drafts, drafted = delta("spec_decode_num_drafts"), delta("spec_decode_num_draft_tokens")
+        accepted = delta("spec_decode_num_accepted_tokens")
+        line += (f", Mean acceptance length: {1 + accepted / drafts if drafts else 0.0:.2f}, Draft acceptance rate: "
+                 f"{100 * accepted / drafted if drafted else 0.0:.1f}%")
     return line, bool(prompt or generation or running or waiting)
 
 

@@ -41,7 +41,7 @@ from .bench_common import (PEERS, checkpoint, incremental_tps, print_table, rand
                            sync_device)
 
 ENGINE_SECTIONS = ("decode", "prefill", "concurrent", "roofline", "kv_fp8", "cuda_graphs")
-SECTIONS = ENGINE_SECTIONS + ("transformers", "correctness", "quality")
+SECTIONS = ENGINE_SECTIONS + ("transformers", "correctness", "quality", "mtp")
 
 
 @dataclass(frozen=True)
@@ -305,6 +305,9 @@ def run_bench(args) -> int:
     if "quality" in sections:
         from .bench_quality import quality_report
         report["quality"] = quality_report(args, max_tokens=256 if args.quick else 4096)
+    if "mtp" in sections:
+        from .bench_spec import mtp_report
+        report["mtp"] = mtp_report(args, ks=(1, 3), tokens=24, batches=(1,)) if args.quick else mtp_report(args)
     _write(out, report)
     print(f"wrote {out}")
     return 0

@@ -11,7 +11,7 @@ from catengine.cli import main, serve_flags
 from catengine.cli import serve as serve_cli
 from catengine.errors import ConfigError
 
-# the seed's MTP line minus the speculation (which is refused: see test_speculative_config_is_refused_after_parsing)
+# the seed's MTP line minus the speculation (test_speculation_flags_become_the_engine_setting has that part)
 VLLM_LINE = ("--model /m --max-model-len 32k --mamba-ssm-cache-dtype float32 --max-cudagraph-capture-size 16 "
              "--default-chat-template-kwargs '{\"enable_thinking\": false}' --enable-reasoning "
              "--structured-outputs-config '{\"backend\": \"xgrammar\"}' --language-model-only "
@@ -69,9 +69,9 @@ def test_graph_sizes_reach_the_runner():
 
 
 @pytest.mark.parametrize("line,match", [
-    ("--speculative-config '{\"method\": \"mtp\", \"num_speculative_tokens\": 2}'",
-     "--speculative-config .*not implemented in catengine yet \\(issue 20\\); drop"),
-    ("--num-speculative-tokens 3", "not implemented in catengine yet"),
+    ("--speculative-config '{\"method\": \"ngram\", \"num_speculative_tokens\": 2}'",
+     "method 'ngram' is not supported: catengine drafts with the checkpoint's own MTP head"),
+    ("--speculative-config '{\"method\": \"mtp\"}'", "needs num_speculative_tokens"),
     ("--speculative-config '{\"method\": \"qwen3_next_mtp\", \"num_speculative_tokens\": 9}'",
      "num_speculative_tokens must be an integer in \\[1, 8\\]"),
     ("--speculative-config '{\"method\": \"magic\"}'", "not a vLLM speculative method"),
@@ -102,8 +102,17 @@ def test_speculation_off_is_accepted():
     assert serve_flags.speculative_config(parse("")) is None
 
 
+def test_speculation_flags_become_the_engine_setting():
+    kw = serve_cli.engine_kwargs(parse("--speculative-config '{\"method\": \"qwen3_5_mtp\", "
+                                       "\"num_speculative_tokens\": 2}'"))
+    assert kw["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 2}
+    kw = serve_cli.engine_kwargs(parse("--num-speculative-tokens 3 --speculative-disable-by-batch-size 8"))
+    assert kw["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 3, "disable_by_batch_size": 8}
+    assert serve_cli.engine_kwargs(parse(""))["speculative_config"] is None
+
+
 def test_refusal_is_one_line_from_serve_not_the_top_level_usage(capsys):
-    rc = main(["serve", "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 2}'])
+    rc = main(["serve", "--speculative-config", '{"method": "eagle", "num_speculative_tokens": 2}'])
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("catengine serve: --speculative-config") and "usage: catengine" not in err
     with pytest.raises(SystemExit):

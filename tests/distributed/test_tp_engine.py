@@ -176,3 +176,20 @@ def test_tp_logprobs_prompt_logprobs_and_seeded_sampling_match_tp1(ckpts):
     for x, y in zip(a[0].prompt_logprobs[1:], b[0].prompt_logprobs[1:]):
         assert x.token_id == y.token_id and x.rank == y.rank
         assert x.logprob == pytest.approx(y.logprob, abs=1e-4)
+
+
+def test_tp2_with_int8_lm_head_and_fp16_state_equals_tp1_with_them(ckpts):
+    # every rank quantises its own vocab slice of the lm_head and allocates 16-bit state slots, so TP2 gives the
+    # tokens TP1 gives with the same two settings (a per-row quantisation and per-slot storage split by rank)
+    path = tiny_checkpoint(ckpts, moe=False, quant=None)
+    kw = dict(SMALL, quantize_lm_head="int8", mamba_ssm_cache_dtype="float16")
+    e = Engine(str(path), **kw)
+    want = run(e)
+    e.close()
+    engine = Engine(str(path), tensor_parallel_size=2, **kw)
+    try:
+        got = run(engine)
+        engine.check_integrity()
+    finally:
+        engine.close()
+    assert got == want

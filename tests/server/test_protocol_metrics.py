@@ -52,6 +52,10 @@ def test_metrics_exposition():
     assert f'vllm:e2e_request_latency_seconds_bucket{{{label},le="+Inf"}} 2.0' in text
     assert f'vllm:e2e_request_latency_seconds_bucket{{{label},le="0.5"}} 1.0' in text
     assert "# TYPE vllm:time_to_first_token_seconds histogram" in text
+    spec = m.render({"spec_decode_num_drafts": 4, "spec_decode_num_draft_tokens": 8,
+                     "spec_decode_num_accepted_tokens": 5, "spec_decode_num_accepted_tokens_per_pos": [3, 2]})
+    assert f"vllm:spec_decode_num_draft_tokens_total{{{label}}} 8.0" in spec
+    assert f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{label},position="1"}} 2.0' in spec
     # every sample line is NAME{labels} VALUE with a parseable value
     for line in text.splitlines():
         if not line.startswith("#"):

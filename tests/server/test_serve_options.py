@@ -138,6 +138,10 @@ def test_stats_line():
                                "Prefix cache hit rate: 25.0%")
     idle, active = stats_line(cur, {**cur, "num_running": 0, "num_waiting": 0}, 10.0)
     assert not active and "Prefix cache hit rate: 0.0%" in idle
+    spec = {**cur, "spec_decode_num_drafts": 10, "spec_decode_num_draft_tokens": 30,
+            "spec_decode_num_accepted_tokens": 15}
+    line, _ = stats_line(prev, spec, 10.0)
+    assert line.endswith("Prefix cache hit rate: 25.0%, Mean acceptance length: 2.50, Draft acceptance rate: 50.0%")
 
 
 def test_stats_logger_thread_logs_while_busy(caplog):

@@ -108,6 +108,9 @@ def test_cpu_quick_run_of_every_section(tmp_path, capsys):
     assert roof["long"]["bytes"]["kv"] == roof["short"]["bytes"]["kv"] * 40 // 16
     assert r["transformers"]["dtype"] == "float32"  # fp16 only on CUDA
     assert set(r["kv_fp8"]) == {"ctx", "fp16_tps", "fp8_e5m2_tps", "ratio"}
+    mtp = report["mtp"]["runs"]   # the demo model's trained MTP head drafts; greedy tokens unchanged
+    assert [m["k"] for m in mtp] == [1, 3] and all(m["same_tokens"] and m["tps"] > 0 for m in mtp)
+    assert mtp[1]["mean_acceptance_length"] > 1.5
     assert r["transformers"]["transformers_fp16_tps"] is None or r["transformers"]["transformers_fp16_tps"] > 0
     q = report["quality"]["paths"]   # the trained demo model's held-out perplexity, CPU paths only
     assert set(q) == {"dense float32", "AWQ float32", "AWQ fp8 KV"} and all(p["ppl"] > 1 for p in q.values())

@@ -1,0 +1,71 @@
+"""Acceptance of a verify step's drafts, and which requests may draft at all.
+
+Every position of a verify item is sampled exactly as a decode step would sample it: the same penalties over
+the tokens before it (the accepted drafts included), the same request seed and output step, so the same
+counter-based uniforms (``sampling.sample`` is a pure function of logits row, params, seed and step). The
+drafts are accepted while they equal those tokens; the first that differs is replaced by the target's token
+(and when all match, the token after the last draft is the bonus). So a request produces, token for token,
+what it produces without speculation (greedy or seeded sampling alike), hence the same distribution.
+
+This is Leviathan et al.'s rejection sampling for a deterministic (one-hot) draft, with its randomness
+coupled to the non-speculative draw: the sampler takes argmax(p / -log u) over the kept tokens, which equals
+the draft d with probability p(d) (Leviathan's acceptance min(1, p(d) / q(d)) for q = one-hot d) and is
+otherwise distributed as p restricted to the other tokens (Leviathan's residual norm(max(0, p - q))).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..sample_rows import LazyRows
+from ..sampling import apply_penalties, sample
+from ..scheduler import SchedulerOutput
+
+
+def can_draft(params, grammar=None) -> bool:
+    """True when a request may verify drafts: anything but logprobs (one entry per step, not per accepted
+    token, in RunnerOutput) and structured outputs (the grammar would have to check each draft first)."""
+    if params is None:
+        return False
+    return params.logprobs is None and grammar is None and params.structured_outputs is None
+
+
+def verify_items(out: SchedulerOutput):
+    """(sample row, first hidden row, item) of every verify item."""
+    offset = row = 0
+    for it in out.scheduled:
+        if it.num_drafts:
+            yield row, offset, it
+        offset += it.num_new
+        row += it.num_samples
+
+
+def accept(model, hidden: torch.Tensor, out: SchedulerOutput, eos_token_ids=()) -> dict[int, list[int]]:
+    """row -> the tokens a verify item adds: its drafts up to the first that differs from the target's own
+    token there, then that token (the bonus token after the last draft when all matched)."""
+    items = list(verify_items(out))
+    if not items:
+        return {}
+    index, params, seeds, steps, views = [], [], [], [], []
+    for _, first, it in items:
+        seq, o = it.seq, it.seq.num_output_tokens
+        for i in range(it.num_drafts + 1):   # position i draws output token o + i after drafts[:i]
+            index.append(first + i)
+            params.append(seq.params)
+            seeds.append(seq.seed)
+            steps.append(o + i)
+            views.append((seq, it.draft_tokens[:i]))
+    rows = torch.tensor(index, dtype=torch.int64, device=hidden.device)
+    logits = model.compute_logits(hidden.index_select(0, rows))
+    prompts = LazyRows(len(views), lambda j: views[j][0].prompt_token_ids)
+    outputs = LazyRows(len(views), lambda j: views[j][0].output_token_ids + views[j][1])
+    processed = apply_penalties(logits, prompts, outputs, params, eos_token_ids)
+    target = sample(processed, params, seeds, steps)[0].tolist()
+    accepted, first = {}, 0
+    for row, _, it in items:
+        t, d, m = target[first:first + it.num_drafts + 1], it.draft_tokens, it.num_drafts
+        n = 0
+        while n < m and d[n] == t[n]:
+            n += 1
+        accepted[row] = t[:n + 1]
+        first += m + 1
+    return accepted
