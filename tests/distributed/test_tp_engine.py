@@ -193,3 +193,21 @@ def test_tp2_with_int8_lm_head_and_fp16_state_equals_tp1_with_them(ckpts):
     finally:
         engine.close()
     assert got == want
+
+
+@pytest.mark.parametrize("moe", [False, True])
+def test_tp2_with_mtp_equals_tp1_without(ckpts, moe):
+    # speculative decoding and tensor parallelism together must not change greedy output: every rank loads its
+    # shard of the MTP head, the verify forward writes per-token states on every rank
+    path = tiny_checkpoint(ckpts, moe=moe, mtp=True)
+    want = tp1_tokens(path)
+    engine = Engine(str(path), tensor_parallel_size=2,
+                    speculative_config={"method": "mtp", "num_speculative_tokens": 2}, **SMALL)
+    try:
+        got = run(engine)
+        stats = engine.stats()
+        engine.check_integrity()
+    finally:
+        engine.close()
+    assert got == want
+    assert stats["spec_decode_num_draft_tokens"] > 0
