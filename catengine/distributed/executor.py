@@ -57,7 +57,8 @@ class TPExecutor:
         from ..models.sharding import check_tp_size
 
         n = config.tensor_parallel_size
-        check_tp_size(ModelConfig.from_pretrained(path), n)   # before any process starts
+        ep = config.enable_expert_parallel
+        check_tp_size(ModelConfig.from_pretrained(path), n, ep)   # before any process starts
         self.world_size, self.procs, self.dead = n, [], None
         self._next_cache, self._freed = 0, []
         if device.type == "cuda" and torch.cuda.device_count() < n:
@@ -83,11 +84,12 @@ class TPExecutor:
         try:
             self.chan = Channel(self.store, 0, n)
             seq = self.chan.send(("init", {"path": str(path), "dtype": config.torch_dtype, "device": str(device),
-                                           "load_mtp": load_mtp}))
+                                           "load_mtp": load_mtp, "expert_parallel": ep}))
             self.chan.replies(seq, self.check_alive)   # every worker is up (a crashed one is seen here)
             self.group = make_group(self.store, 0, n, rank_device(device, 0))
             from ..models import load_model
-            local = load_model(path, dtype=config.torch_dtype, device=device, load_mtp=load_mtp, tp=self.group)
+            local = load_model(path, dtype=config.torch_dtype, device=device, load_mtp=load_mtp, tp=self.group,
+                               expert_parallel=ep)
             # the load outcome comes as the reply to a message number no message takes: ``seq + 1`` is the next
             # one sent, read by the workers only after they replied
             for rank, (status, error) in enumerate(self.chan.replies(seq + 1, self.check_alive), 1):

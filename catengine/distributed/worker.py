@@ -68,7 +68,7 @@ def run(spec: DistSpec) -> None:
 
     try:
         model = load_model(init["path"], dtype=init["dtype"], device=device, load_mtp=init["load_mtp"],
-                           progress=False, tp=group)
+                           progress=False, tp=group, expert_parallel=init["expert_parallel"])
     except Exception as e:  # noqa: BLE001 (rank 0 raises it: the user sees one error, from the engine)
         chan.reply(seq + 1, ("error", e))
         return

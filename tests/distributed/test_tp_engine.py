@@ -97,6 +97,51 @@ def test_each_rank_reads_its_slices_once(ckpts):
             assert reads[0][0] != reads[1][0], name
 
 
+@pytest.mark.parametrize("quant,tp", [(None, 2), (None, 4), ("awq", 2), ("awq", 4), ("compressed-tensors", 2),
+                                      ("compressed-tensors", 4)])
+def test_expert_parallel_greedy_tokens_equal_tp1(ckpts, quant, tp):
+    """Whole experts per rank (routing replicated, other ranks' experts skipped, summed by the all-reduce)."""
+    path = tiny_checkpoint(ckpts, moe=True, quant=quant)
+    want = tp1_tokens(path)
+    engine = Engine(str(path), tensor_parallel_size=tp, enable_expert_parallel=True, **SMALL)
+    try:
+        got = run(engine)
+        assert engine.model.local.layers[0].mlp.expert_range == (0, 8 // tp)
+        engine.check_integrity()
+    finally:
+        engine.close()
+    assert got == want
+
+
+@pytest.mark.parametrize("quant", [None, "awq"])
+def test_expert_parallel_ranks_read_only_their_experts(ckpts, quant):
+    """fp16 stacks are read by expert range, per-expert 4-bit tensors only by the rank holding the expert:
+    every expert's bytes are read exactly once over the ranks, and each rank reads under half the experts'."""
+    import re
+
+    from catengine.models.loader import list_tensors
+
+    path = tiny_checkpoint(ckpts, moe=True, quant=quant)
+    experts = {t.name: t.nbytes for t in list_tensors(path) if ".mlp.experts." in t.name}
+    engine = Engine(str(path), tensor_parallel_size=2, enable_expert_parallel=True, **SMALL)
+    try:
+        reports = engine.executor.reports()
+    finally:
+        engine.close()
+    seen: dict[str, int] = {}
+    for rank, r in enumerate(reports):
+        mine = [read for read in r["reads"] if ".mlp.experts." in read[0]]
+        for name, dim, ranges, nbytes in mine:
+            m = re.search(r"\.experts\.(\d+)\.", name)
+            if m:                       # per expert: only this rank's 4 of 8, whole
+                assert 4 * rank <= int(m[1]) < 4 * (rank + 1) and ranges is None, name
+            else:                       # a fused stack: this rank's experts along dim 0
+                assert (dim, ranges) == (0, ((4 * rank, 4 * (rank + 1)),)), name
+            seen[name] = seen.get(name, 0) + nbytes
+        assert sum(read[-1] for read in mine) == sum(experts.values()) // 2
+    assert seen == experts
+
+
 def test_killed_worker_ends_engine_promptly(ckpts):
     path = tiny_checkpoint(ckpts)
     engine = Engine(str(path), tensor_parallel_size=4, **SMALL)

@@ -130,3 +130,52 @@ def test_mtp_head_forward_under_tp_matches_tp1(ckpts):
         torch.testing.assert_close(model.compute_logits(got), ref.compute_logits(want), rtol=1e-5, atol=1e-4)
     finally:
         ex.shutdown()
+
+
+def test_expert_parallel_sizes(ckpts, tmp_path):
+    """Expert parallelism needs num_experts to divide by the ranks (not the experts' intermediate dim) and a
+    MoE model; the error names the fix, before any worker starts."""
+    cfg = ModelConfig.from_pretrained(tiny_checkpoint(ckpts, moe=True))     # 8 experts, I 32
+    check_tp_size(cfg, 4, True)
+    assert [TPLayout.of(cfg, r, 4, True).expert_range for r in range(4)] == [(0, 2), (2, 4), (4, 6), (6, 8)]
+    assert TPLayout.of(cfg, 0, 1, True).expert_range is None and TPLayout.of(cfg, 1, 2).expert_range is None
+    odd_inter = dataclasses.replace(cfg, moe_intermediate_size=30)
+    check_tp_size(odd_inter, 4, True)                  # whole experts: their width does not matter
+    with pytest.raises(ConfigError, match="moe_intermediate_size=30"):
+        check_tp_size(odd_inter, 4)
+    with pytest.raises(ConfigError, match=r"num_experts=6 is not divisible by 4; use tensor_parallel_size 2"):
+        check_tp_size(dataclasses.replace(cfg, num_experts=6), 4, True)
+    with pytest.raises(ConfigError, match="enable_expert_parallel needs a mixture-of-experts model"):
+        check_tp_size(ModelConfig.from_pretrained(tiny_checkpoint(ckpts)), 2, True)
+    with pytest.raises(ConfigError, match="enable_expert_parallel must be True or False"):
+        EngineConfig(enable_expert_parallel="yes").validate()
+    import multiprocessing
+
+    from catengine import Engine
+    six = tiny_checkpoint(tmp_path, moe=True, num_experts=6)
+    with pytest.raises(ConfigError, match="num_experts=6 is not divisible by 4"):
+        Engine(str(six), device="cpu", tensor_parallel_size=4, enable_expert_parallel=True, num_kv_blocks=16,
+               max_model_len=64)
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("catengine-tp")]
+    with pytest.raises(ConfigError, match="needs a mixture-of-experts model"):
+        Engine(str(tiny_checkpoint(ckpts)), device="cpu", enable_expert_parallel=True, num_kv_blocks=16,
+               max_model_len=64)
+
+
+@pytest.mark.parametrize("quant", [None, "awq"])
+def test_expert_parallel_shards_are_whole_experts(ckpts, quant):
+    """Each rank's stacks are its experts of the TP1 stacks, bit for bit (fused fp16 stacks cut by expert, and
+    per-expert 4-bit tensors stacked from the rank's own); the shared expert stays split."""
+    path = tiny_checkpoint(ckpts, moe=True, quant=quant)
+    whole = load_model(path, progress=False)
+    parts = [load_model(path, tp=TPGroup(r, 4), progress=False, expert_parallel=True) for r in range(4)]
+    for name in ("w13", "w2"):
+        w = getattr(whole.layers[0].mlp, name)
+        for f in (("qweight", "scales", "zeros") if quant else (None,)):
+            pick = (lambda v: getattr(v, f)) if f else (lambda v: v)
+            got = torch.cat([pick(getattr(p.layers[0].mlp, name)) for p in parts])
+            torch.testing.assert_close(got, pick(w), rtol=0, atol=0)
+    assert parts[0].layers[0].mlp.expert_range == (0, 2)
+    if quant is None:   # row-parallel: the ranks' input slices
+        sh = lambda m: m.layers[0].mlp.shared_expert.down_proj.weight
+        torch.testing.assert_close(torch.cat([sh(p) for p in parts], -1), sh(whole), rtol=0, atol=0)
