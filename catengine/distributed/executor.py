@@ -218,6 +218,11 @@ class RemoteModel:
         seq = ex.send(("logits", tuple(hidden.shape), hidden.dtype))
         return ex.collective(seq, lambda: self.local.compute_logits(ex.group.broadcast(hidden)))
 
+    def build_graphs(self, cls, caches: RemoteCaches, **kwargs):
+        """``cls`` (DecodeGraphs, VerifyGraphs) on every rank: see distributed/graphs.py."""
+        from .graphs import build_graphs
+        return build_graphs(self.executor, cls, self.local, caches, **kwargs)
+
     def mtp_forward(self, input_ids, positions, hidden_prev, batch, caches: RemoteCaches):
         ex, hidden_prev = self.executor, hidden_prev.contiguous()
         seq = ex.send(("mtp", caches.cid, _cpu(input_ids), _cpu(positions), tuple(hidden_prev.shape),

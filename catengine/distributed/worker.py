@@ -22,6 +22,7 @@ import traceback
 import torch
 
 from .channel import Channel
+from .graphs import handle as graph_message
 from .launch import DistSpec, join_store, make_group, rank_device
 
 log = logging.getLogger("catengine.distributed")
@@ -74,6 +75,7 @@ def run(spec: DistSpec) -> None:
         return
     chan.reply(seq + 1, ("ok", None))
     caches: dict[int, object] = {}
+    graphs: dict[int, object] = {}   # the runner's CUDA graphs, this rank's (distributed/graphs.py)
     with torch.inference_mode():
         while True:
             seq, msg = chan.recv()
@@ -87,6 +89,7 @@ def run(spec: DistSpec) -> None:
             elif op == "free":
                 for cid in msg[1]:
                     caches.pop(cid, None)
+                    graphs.pop(cid, None)
             elif op == "forward":
                 _, cid, ids, pos, batch = msg
                 model(_to(ids, device), _to(pos, device), _to(batch, device), caches[cid])
@@ -101,9 +104,9 @@ def run(spec: DistSpec) -> None:
             elif op == "copy_state":
                 caches[msg[1]].copy_state_slot(msg[2], msg[3])
             elif op == "report":
-                chan.reply(seq, report(model))
+                chan.reply(seq, {**report(model), "graph_runs": {gid: g.num_runs for gid, g in graphs.items()}})
             else:
-                raise RuntimeError(f"unknown tensor-parallel message {op!r}")
+                graph_message(msg, model, caches, graphs, device, chan, seq)
 
 
 def report(model) -> dict:

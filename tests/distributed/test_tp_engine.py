@@ -256,3 +256,33 @@ def test_tp2_with_mtp_equals_tp1_without(ckpts, moe):
         engine.close()
     assert got == want
     assert stats["spec_decode_num_draft_tokens"] > 0
+
+
+@pytest.mark.parametrize("moe,mtp", [(True, False), (False, True)])
+def test_graph_messages_reach_every_rank(ckpts, moe, mtp):
+    """CUDA graphs at TP > 1: every rank builds the same decode (and verify) graphs and replays the same one each
+    step. gloo cannot capture, so the graphs run their static buffers eagerly (capture=False): the ranks'
+    collectives would hang or the tokens differ if any rank missed or mismatched a message. Greedy tokens equal
+    TP1's, and each worker served exactly the replays rank 0 did, per graph."""
+    from catengine.distributed.graphs import RemoteGraphs
+    from catengine.spec.graphs import build_verify_graphs
+
+    path = tiny_checkpoint(ckpts, moe=moe, mtp=mtp)
+    want = tp1_tokens(path)
+    spec = {"speculative_config": {"method": "mtp", "num_speculative_tokens": 2}} if mtp else {}
+    engine = Engine(str(path), tensor_parallel_size=2, **spec, **SMALL)
+    try:
+        runner = engine.runner
+        runner.enable_decode_graphs(capture=False)
+        if mtp:
+            runner.verify_graphs = build_verify_graphs(runner, capture=False)
+        graphs = [g for g in (runner.graphs, runner.verify_graphs) if g is not None]
+        assert all(isinstance(g, RemoteGraphs) for g in graphs) and len(graphs) == 1 + mtp
+        got = run(engine)
+        engine.check_integrity()
+        worker = engine.executor.reports()[1]["graph_runs"]
+    finally:
+        engine.close()
+    assert got == want
+    assert all(g.num_runs > 0 for g in graphs)
+    assert worker == {g.gid: g.num_runs for g in graphs}
