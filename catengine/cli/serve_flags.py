@@ -97,6 +97,9 @@ def add_engine_compat_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enable-expert-parallel", action="store_true",
                    help="MoE under --tensor-parallel-size: each GPU holds whole experts (num_experts / N) instead of "
                         "a slice of every expert")
+    p.add_argument("--enable-one-shot-all-reduce", action="store_true",
+                   help="catengine's own: small tensor-parallel sums on torch symmetric memory (one kernel) instead "
+                        "of NCCL; off by default (not measured yet), falls back to NCCL if its set-up fails")
     p.add_argument("--language-model-only", action="store_true",
                    help="accepted: catengine serves only the language model")
     p.add_argument("--structured-outputs-config", default=None,
@@ -143,6 +146,7 @@ def engine_compat_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     structured = structured_outputs_config(args)
     return {"speculative_config": speculative_config(args),
             "enable_expert_parallel": bool(getattr(args, "enable_expert_parallel", False)),
+            "enable_one_shot_all_reduce": bool(getattr(args, "enable_one_shot_all_reduce", False)),
             "mamba_ssm_cache_dtype": str(args.mamba_ssm_cache_dtype).lower(), "quantize_lm_head": args.quantize_lm_head,
             "cuda_graph_sizes": cuda_graph_sizes(args),
             "structured_outputs_backend": structured["backend"],

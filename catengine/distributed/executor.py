@@ -22,7 +22,7 @@ import torch
 
 from ..errors import CatEngineError, ConfigError, EngineDead
 from .channel import Channel
-from .launch import DistSpec, host_store, make_group, rank_device
+from .launch import DistSpec, host_store, make_group, rank_device, set_no_multicast_env
 from .worker import report, spawned_main
 
 log = logging.getLogger("catengine")
@@ -59,6 +59,7 @@ class TPExecutor:
         n = config.tensor_parallel_size
         ep = config.enable_expert_parallel
         check_tp_size(ModelConfig.from_pretrained(path), n, ep)   # before any process starts
+        set_no_multicast_env()   # before any NCCL call here and before the workers are spawned (they inherit it)
         self.world_size, self.procs, self.dead = n, [], None
         self._next_cache, self._freed = 0, []
         if device.type == "cuda" and torch.cuda.device_count() < n:
@@ -84,9 +85,10 @@ class TPExecutor:
         try:
             self.chan = Channel(self.store, 0, n)
             seq = self.chan.send(("init", {"path": str(path), "dtype": config.torch_dtype, "device": str(device),
-                                           "load_mtp": load_mtp, "expert_parallel": ep}))
+                                           "load_mtp": load_mtp, "expert_parallel": ep,
+                                           "one_shot": config.enable_one_shot_all_reduce}))
             self.chan.replies(seq, self.check_alive)   # every worker is up (a crashed one is seen here)
-            self.group = make_group(self.store, 0, n, rank_device(device, 0))
+            self.group = make_group(self.store, 0, n, rank_device(device, 0), config.enable_one_shot_all_reduce)
             from ..models import load_model
             local = load_model(path, dtype=config.torch_dtype, device=device, load_mtp=load_mtp, tp=self.group,
                                expert_parallel=ep)

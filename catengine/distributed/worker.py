@@ -23,7 +23,7 @@ import torch
 
 from .channel import Channel
 from .graphs import handle as graph_message
-from .launch import DistSpec, join_store, make_group, rank_device
+from .launch import DistSpec, join_store, make_group, rank_device, set_no_multicast_env
 
 log = logging.getLogger("catengine.distributed")
 
@@ -54,6 +54,7 @@ def _to(value, device: torch.device):
 
 
 def run(spec: DistSpec) -> None:
+    set_no_multicast_env()   # a launcher's worker too, before any CUDA or NCCL call
     store = join_store(spec)
     chan = Channel(store, spec.rank, spec.world_size)
     seq, (op, init) = chan.recv()
@@ -64,7 +65,7 @@ def run(spec: DistSpec) -> None:
     else:   # the ranks of one host share its cores (rank 0 keeps its own setting)
         torch.set_num_threads(max(1, min(torch.get_num_threads(), (os.cpu_count() or 1) // spec.world_size)))
     chan.reply(seq, "joined")   # rank 0 waits for this (watching the processes) before the group forms
-    group = make_group(store, spec.rank, spec.world_size, device)
+    group = make_group(store, spec.rank, spec.world_size, device, init["one_shot"])
     from ..models import load_model
 
     try:
@@ -111,8 +112,10 @@ def run(spec: DistSpec) -> None:
 
 def report(model) -> dict:
     """What this rank read and holds (tests and the start-up log)."""
+    from .launch import NO_MULTICAST_ENV
     return {"reads": model.load_reads, "read_bytes": sum(r[-1] for r in model.load_reads),
-            "peak_rss_bytes": peak_rss_bytes()}
+            "peak_rss_bytes": peak_rss_bytes(), "env": {k: os.environ.get(k) for k in NO_MULTICAST_ENV},
+            "one_shot": model.group.oneshot is not None}
 
 
 def peak_rss_bytes() -> int:

@@ -286,3 +286,27 @@ def test_graph_messages_reach_every_rank(ckpts, moe, mtp):
     assert got == want
     assert all(g.num_runs > 0 for g in graphs)
     assert worker == {g.gid: g.num_runs for g in graphs}
+
+
+def test_one_shot_flag_falls_back_on_gloo_and_no_rank_uses_multicast(ckpts, caplog):
+    """enable_one_shot_all_reduce on the CPU: every rank logs the fall-back once and sums over gloo (TP1's
+    tokens); every rank's process has NVLink multicast off (NCCL, torch symmetric memory, NVSHMEM)."""
+    import logging
+
+    from catengine.distributed.launch import NO_MULTICAST_ENV
+
+    path = tiny_checkpoint(ckpts, moe=False)
+    want = tp1_tokens(path)
+    with caplog.at_level(logging.WARNING, logger="catengine.distributed"):
+        engine = Engine(str(path), tensor_parallel_size=2, enable_one_shot_all_reduce=True, **SMALL)
+    try:
+        got = run(engine)
+        reports = engine.executor.reports()
+    finally:
+        engine.close()
+    assert got == want
+    assert [r.getMessage() for r in caplog.records if "one-shot" in r.getMessage()] == [
+        "one-shot all-reduce is off, falling back to gloo (it needs CUDA (torch symmetric memory); this group "
+        "runs on gloo)"]
+    assert [r["one_shot"] for r in reports] == [False, False]
+    assert all(r["env"] == NO_MULTICAST_ENV for r in reports)

@@ -179,3 +179,67 @@ def test_expert_parallel_shards_are_whole_experts(ckpts, quant):
     if quant is None:   # row-parallel: the ranks' input slices
         sh = lambda m: m.layers[0].mlp.shared_expert.down_proj.weight
         torch.testing.assert_close(torch.cat([sh(p) for p in parts], -1), sh(whole), rtol=0, atol=0)
+
+
+def test_one_shot_rendezvous_timeout_is_bounded():
+    """The symmetric-memory set-up runs under a deadline: a rendezvous that never returns is a TimeoutError
+    after it (setup then falls back to NCCL), an error is re-raised, a result returned."""
+    import threading
+    import time
+
+    from catengine.distributed.oneshot import within
+
+    stuck = threading.Event()
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="did not finish in 0 s"):
+        within(stuck.wait, 0.2)
+    assert time.monotonic() - t0 < 5
+    stuck.set()
+    with pytest.raises(ZeroDivisionError):
+        within(lambda: 1 / 0, 5)
+    assert within(lambda: 7, 5) == 7
+
+
+def test_one_shot_all_reduce_falls_back_on_gloo_with_one_line(caplog):
+    import logging
+
+    from catengine.distributed.launch import host_store, make_group
+
+    store = host_store("127.0.0.1", 0, 1)
+    with caplog.at_level(logging.WARNING, logger="catengine.distributed"):
+        group = make_group(store, 0, 1, torch.device("cpu"), one_shot=True)
+    assert group.oneshot is None
+    lines = [r.getMessage() for r in caplog.records if "one-shot" in r.getMessage()]
+    assert lines == ["one-shot all-reduce is off, falling back to gloo (it needs CUDA (torch symmetric memory); "
+                     "this group runs on gloo)"]
+
+
+@pytest.mark.gpu
+def test_gpu_one_shot_all_reduce_on_one_rank():
+    """The symmetric-memory path on one GPU (a one-rank NCCL group; several GPUs are issue 23's): set-up
+    through our own store and group name, a sum equal to its input, and a replay from a CUDA graph."""
+    from catengine.distributed.launch import NO_MULTICAST_ENV, host_store, make_group, set_no_multicast_env
+
+    set_no_multicast_env()
+    import os
+    assert all(os.environ[k] == v for k, v in NO_MULTICAST_ENV.items())
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    group = make_group(host_store("127.0.0.1", 0, 1), 0, 1, dev, one_shot=True)
+    assert group.oneshot is not None
+    x = torch.randn(3, 2048, device=dev)
+    torch.testing.assert_close(group.oneshot(x), x, rtol=0, atol=0)
+    static = torch.zeros(4, 2048, device=dev)
+    g = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream(dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):
+        group.oneshot(static)
+    torch.cuda.current_stream(dev).wait_stream(side)
+    with torch.cuda.graph(g):
+        out = group.oneshot(static)
+    y = torch.randn(4, 2048, device=dev)
+    static.copy_(y)
+    g.replay()
+    torch.cuda.synchronize(dev)
+    torch.testing.assert_close(out, y, rtol=0, atol=0)
