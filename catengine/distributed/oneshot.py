@@ -70,7 +70,7 @@ def setup(addr: str, port: int, rank: int, size: int, device: torch.device, pg,
         why = "it needs CUDA (torch symmetric memory); this group runs on gloo"
     else:
         try:
-            oneshot = within(lambda: _rendezvous(addr, port, rank, size, device, timeout_s), timeout_s)
+            oneshot = within(lambda: _rendezvous(addr, port, rank, size, device, pg, timeout_s), timeout_s)
         except Exception as e:  # noqa: BLE001 (any failure: NCCL serves, never a hang)
             why = f"{type(e).__name__}: {e}"
     # every rank must take the same path: a rank summing over NCCL while another waits in the one-shot
@@ -87,14 +87,21 @@ def setup(addr: str, port: int, rank: int, size: int, device: torch.device, pg,
     return oneshot
 
 
-def _rendezvous(addr, port, rank, size, device, timeout_s) -> OneShotAllReduce:
-    from torch._C._distributed_c10d import _SymmetricMemory
+def _rendezvous(addr, port, rank, size, device, backend, timeout_s) -> OneShotAllReduce:
+    from torch._C._distributed_c10d import ProcessGroup, _register_process_group, _SymmetricMemory
     from torch.distributed import _symmetric_memory as symm_mem
 
     torch.cuda.set_device(device)   # this runs in its own thread, whose current device is not the rank's
     # a store client of its own, so a lost peer times the swap out instead of the engine's 30-minute wait
     store = dist.TCPStore(addr, port, size, False, timeout=datetime.timedelta(seconds=timeout_s))
     name = f"catengine-tp-{port}"
+    # the symm_mem ops look their group up by name (c10d's registry): our NCCL backend, registered under a name
+    # of its own (catengine builds no global process group)
+    group = ProcessGroup(dist.PrefixStore("symm_pg", store), rank, size)
+    group._set_default_backend(ProcessGroup.BackendType.NCCL)
+    group._register_backend(device, ProcessGroup.BackendType.NCCL, backend)
+    group._set_group_name(name)
+    _register_process_group(name, group)
     _SymmetricMemory.set_group_info(name, rank, size, dist.PrefixStore("symm_mem", store))
     buf = symm_mem.empty(MAX_BYTES // 4, dtype=torch.float32, device=device)
     symm_mem.rendezvous(buf, name)
