@@ -82,6 +82,13 @@ class EngineConfig:
                                                             "(vLLM's disable_any_whitespace, server-wide)", False)
     tensor_parallel_size: int = _help("ranks (one process and one GPU each) that split every layer's heads and "
                                       "widths: 1, 2, 4 or 8; on CPU the ranks talk over gloo", 1)
+    enable_expert_parallel: bool = _help("MoE models under tensor parallelism: each rank holds whole routed "
+                                         "experts (num_experts / tensor_parallel_size of them) instead of a slice "
+                                         "of every expert; the shared expert stays split", False)
+    enable_one_shot_all_reduce: bool = _help("TP on CUDA: sum small messages (decode steps, up to 1 MiB of fp32) "
+                                             "with one kernel on torch symmetric memory instead of NCCL; off until "
+                                             "measured; falls back to NCCL (logged) when its set-up fails or times "
+                                             "out", False)
     distributed_executor_backend: str = _help("how the ranks > 0 start: mp (spawned by the engine) or "
                                               "external_launcher (started by torchrun or a cluster launcher with "
                                               "MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE, running "
@@ -125,7 +132,8 @@ class EngineConfig:
             _int(self, "num_state_snapshots")
             if self.num_state_snapshots < 0:
                 raise ConfigError(f"num_state_snapshots must be >= 0 or None, got {self.num_state_snapshots}")
-        for name in ("enable_prefix_caching", "enforce_eager", "structured_outputs_disable_any_whitespace"):
+        for name in ("enable_prefix_caching", "enforce_eager", "structured_outputs_disable_any_whitespace",
+                     "enable_expert_parallel", "enable_one_shot_all_reduce"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
         u = self.gpu_memory_utilization

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .config import EngineConfig
-from .cuda_graphs import DecodeGraphs, capture_sizes
+from .cuda_graphs import DecodeGraphs, build_graphs, capture_sizes
 from .memory import MemoryPlan, cuda_cache_budget, plan_memory
 from .models.batch import BatchMetadata, ModelCaches
 from .kernels import ops
@@ -97,9 +97,8 @@ class ModelRunner:
         self.caches = self._allocate(plan.num_blocks, plan.num_state_slots, block_size=plan.block_size)
         if self.device.type == "cuda":
             log.info("warm-up (kernel compilation on a cold cache) took %.1f s", self.warm_up())
-            if config.tensor_parallel_size > 1:   # the graphs would record rank 0's launches only
-                log.info("decode CUDA graphs are not captured with tensor_parallel_size > 1 yet; running eagerly")
-            elif not config.enforce_eager:
+            # at TP > 1 every rank captures and replays the same graphs (distributed/graphs.py)
+            if not config.enforce_eager:
                 self.enable_decode_graphs()
                 self.verify_graphs = build_verify_graphs(self)
 
@@ -143,7 +142,7 @@ class ModelRunner:
             log.warning("no decode CUDA graph: every cuda_graph_sizes entry %s is above max_num_seqs %d",
                         list(self.config.cuda_graph_sizes), self.config.max_num_seqs)
             return
-        graphs = DecodeGraphs(self.model, self.caches, batch_sizes=sizes,
+        graphs = build_graphs(DecodeGraphs, self.model, self.caches, batch_sizes=sizes,
                               max_model_len=plan.max_model_len, pad_state_slot=plan.pad_state_slot,
                               device=self.device, capture=capture)
         try:

@@ -95,15 +95,15 @@ def build_verify_graphs(runner, capture: bool = True, num_drafts: int | None = N
     eagerly)."""
     import logging
 
-    from ..cuda_graphs import capture_sizes
+    from ..cuda_graphs import build_graphs, capture_sizes
     cfg, plan = runner.config, runner.memory_plan
     limit = min(cfg.max_num_seqs, cfg.speculative_disable_by_batch_size)
     sizes = capture_sizes(cfg.cuda_graph_sizes, limit)
     if not sizes or runner.drafter is None:
         return None
-    graphs = VerifyGraphs(runner.model, runner.caches, batch_sizes=sizes, query_len=(num_drafts or cfg.num_speculative_tokens) + 1,
-                          max_model_len=plan.max_model_len, pad_state_slot=plan.pad_state_slot, device=runner.device,
-                          capture=capture)
+    graphs = build_graphs(VerifyGraphs, runner.model, runner.caches, batch_sizes=sizes,
+                          query_len=(num_drafts or cfg.num_speculative_tokens) + 1, max_model_len=plan.max_model_len,
+                          pad_state_slot=plan.pad_state_slot, device=runner.device, capture=capture)
     try:
         graphs.capture_all()
     except Exception:   # serving eagerly beats not serving; the log says why it is slower
