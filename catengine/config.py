@@ -91,8 +91,10 @@ class EngineConfig:
                                                      "max_num_seqs are dropped); None: 1, 2, 4, 8, 16, 24, ... up to "
                                                      "min(max_num_seqs, 256)")
     speculative_config: dict | None = _help("speculative decoding, vLLM's shape: {\"method\": \"mtp\", "
-                                            "\"num_speculative_tokens\": k (1..8), \"disable_by_batch_size\": N}; "
-                                            "drafts with the checkpoint's MTP head; None: off")
+                                            "\"num_speculative_tokens\": k (1..8), \"disable_by_batch_size\": N, "
+                                            "\"draft_vocab_size\": N, \"draft_vocab_file\": path}; drafts with the "
+                                            "checkpoint's MTP head (draft_vocab_*: its lm_head over N frequent "
+                                            "tokens only, see catengine/spec/vocab.py); None: off")
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> "EngineConfig":
@@ -149,6 +151,9 @@ class EngineConfig:
             raise ConfigError(f"cuda_graph_sizes must be a non-empty list of positive batch sizes (e.g. [1, 2, 4, 8]) "
                               f"or None, got {sizes!r}")
         check_speculative_config(self.speculative_config)
+        if (self.speculative_config or {}).get("draft_vocab_size") and self.tensor_parallel_size > 1:
+            raise ConfigError("speculative_config draft_vocab_size is not supported with tensor_parallel_size > 1 "
+                              "(the lm_head is split by vocabulary there); drop draft_vocab_size or run one rank")
         if (self.max_num_seqs is not None and self.max_num_batched_tokens is not None
                 and self.max_num_batched_tokens < self.max_num_seqs):
             raise ConfigError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
@@ -266,7 +271,7 @@ def check_speculative_config(spec) -> None:
     if not isinstance(spec, dict):
         raise ConfigError(f"speculative_config must be a dict such as {{\"method\": \"mtp\", "
                           f"\"num_speculative_tokens\": 3}} or None, got {spec!r}")
-    known = {"method", "num_speculative_tokens", "disable_by_batch_size"}
+    known = {"method", "num_speculative_tokens", "disable_by_batch_size", "draft_vocab_size", "draft_vocab_file"}
     unknown = sorted(set(spec) - known)
     if unknown:
         raise ConfigError(f"speculative_config keys {unknown} are not supported; use {sorted(known)}")
@@ -281,3 +286,10 @@ def check_speculative_config(spec) -> None:
     n = spec.get("disable_by_batch_size")
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
         raise ConfigError(f"speculative_config disable_by_batch_size must be a positive integer or absent, got {n!r}")
+    v = spec.get("draft_vocab_size")
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+        raise ConfigError(f"speculative_config draft_vocab_size must be a positive integer (the draft lm_head's "
+                          f"token count, e.g. 32768) or absent, got {v!r}")
+    f = spec.get("draft_vocab_file")
+    if f is not None and v is None:
+        raise ConfigError("speculative_config draft_vocab_file needs draft_vocab_size (how many of its ids to keep)")

@@ -40,7 +40,9 @@ from .sample_rows import SampleRows, penalty_views, sample_rows
 from .sampling import SamplingParams, TokenLogprobs, apply_penalties, sample
 from .scheduler import SchedulerOutput, Sequence
 from .spec import Drafter, MTPDrafter, accept
+from .spec.draft_graphs import build_draft_graphs
 from .spec.graphs import VerifyGraphs, build_verify_graphs
+from .spec.vocab import draft_vocab_ids
 from .spec.rows import intermediate_slots, intermediate_targets, merge_rows, without_rows
 
 log = logging.getLogger("catengine")
@@ -89,8 +91,10 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None  # captured on CUDA without enforce_eager
         self._bitmasks = None                    # structured outputs' mask buffer, made on first use
         # speculative decoding: proposes the drafts of the steps' verify items (tests swap in their own)
-        self.drafter: Drafter | None = (MTPDrafter(model, self.device)
-                                        if config.num_speculative_tokens and model.mtp is not None else None)
+        self.drafter: Drafter | None = (
+            MTPDrafter(model, self.device, draft_vocab_ids(config.speculative_config, model.config.vocab_size,
+                                                           self.eos_token_ids))
+            if config.num_speculative_tokens and model.mtp is not None else None)
         self.verify_graphs: VerifyGraphs | None = None   # uniform verify steps, captured like decode
         self.memory_plan: MemoryPlan = self._plan_memory(self._profile_cache_budget())
         plan = self.memory_plan
@@ -102,6 +106,8 @@ class ModelRunner:
             elif not config.enforce_eager:
                 self.enable_decode_graphs()
                 self.verify_graphs = build_verify_graphs(self)
+                if isinstance(self.drafter, MTPDrafter):
+                    self.drafter.graphs = build_draft_graphs(self, self.drafter)
 
     # ------------------------------------------------------------------ start-up
     def _profile_cache_budget(self) -> int | None:
@@ -157,6 +163,8 @@ class ModelRunner:
         """Drop the model, the caches and the graphs (which hold the caches and their memory pool): the
         GPU memory is freed once nothing else references them."""
         self.caches = self.graphs = self.verify_graphs = None
+        if isinstance(self.drafter, MTPDrafter):
+            self.drafter.graphs = None
         self.model = None
 
     # ------------------------------------------------------------------ one step

@@ -1,0 +1,144 @@
+"""The MTP draft-pass graphs' padded static buffers, run eagerly (capture=False: the CPU checks the layout, the
+GPU test the capture), and the reduced draft vocabulary. The drafts themselves are compared, not only the
+output tokens: the verify step would hide wrong drafts behind correct output."""
+from pathlib import Path
+
+import pytest
+import torch
+
+from catengine import Engine
+from catengine.errors import ConfigError
+from catengine.sampling import SamplingParams
+from catengine.spec import MTPDrafter
+from catengine.spec.draft_graphs import build_draft_graphs
+from catengine.spec.graphs import build_verify_graphs
+from catengine.spec.vocab import draft_vocab_ids, ranked_token_ids
+from tests.support import assert_clean
+
+from .helpers import engine, write_tiny_mtp_model
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+PROMPTS = ["Hello world, this is", "The quick brown fox jumps over the lazy dog and then it runs far away into the "
+           "forest where nobody can see it any more", "1 2 3 4 5 6 7", "a"]
+SETTINGS = dict(max_num_seqs=8, max_num_batched_tokens=16, block_size=4)
+
+
+def greedy(max_tokens=12):
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory):
+    return write_tiny_mtp_model(tmp_path_factory.mktemp("mtp_graphs"))
+
+
+def record_drafts(e) -> list:
+    """Wrap the engine's drafter: every step's (seq_id, drafts) pairs, in order."""
+    log, propose = [], e.runner.drafter.propose
+
+    def wrapped(out, caches):
+        propose(out, caches)
+        log.append([(it.seq.seq_id, list(it.draft_tokens)) for it in out.scheduled if it.num_drafts])
+    e.runner.drafter.propose = wrapped
+    return log
+
+
+def tokens(results):
+    return [[list(c.token_ids) for c in r.outputs] for r in results]
+
+
+def with_graphs(e):
+    e.runner.verify_graphs = build_verify_graphs(e.runner, capture=False)
+    e.runner.drafter.graphs = build_draft_graphs(e.runner, e.runner.drafter, capture=False)
+    return e.runner.drafter.graphs
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_draft_graph_padding_gives_the_eager_drafts(dense, k):
+    params = [greedy(12), greedy(9), greedy(14), greedy(5)]
+    want = tokens(engine(dense, **SETTINGS).generate(PROMPTS, params))
+    eager = engine(dense, k, **SETTINGS, cuda_graph_sizes=(1, 2, 4, 8))
+    eager_drafts = record_drafts(eager)
+    assert tokens(eager.generate(PROMPTS, params)) == want
+    e = engine(dense, k, **SETTINGS, cuda_graph_sizes=(1, 2, 4, 8))
+    graphs = with_graphs(e)
+    drafts = record_drafts(e)
+    assert tokens(e.generate(PROMPTS, params)) == want
+    assert graphs.num_runs > 0 and e.runner.verify_graphs.num_runs > 0
+    assert drafts == eager_drafts   # same steps, same drafts: the padded passes compute the packed ones
+    assert e.stats()["spec_decode_num_accepted_tokens_per_pos"] == eager.stats()["spec_decode_num_accepted_tokens_per_pos"]
+    assert_clean(e)
+
+
+def test_draft_graphs_on_the_trained_head_accept_as_eagerly():
+    """The demo model's trained head: graph-path drafts equal the eager ones and are accepted (a misplaced row or
+    position in the padded layout would show as a collapsed acceptance length)."""
+    from catengine.tools.demo import trained_model_path
+    path = trained_model_path()
+    spec = {"method": "mtp", "num_speculative_tokens": 3}
+    runs = []
+    for graphs in (False, True):
+        e = Engine(model=str(path), device="cpu", max_num_seqs=4, speculative_config=spec, cuda_graph_sizes=(1, 2, 4))
+        ids = e.tokenizer.encode((Path(path) / "heldout_code.txt").read_text()[:3000])
+        g = with_graphs(e) if graphs else None
+        log = record_drafts(e)
+        out = tokens(e.generate([ids[:48], ids[400:440]], greedy(24)))
+        runs.append((out, log, e.stats()))
+        if g is not None:
+            assert g.num_runs > 0
+        assert_clean(e)
+    (out0, log0, s0), (out1, log1, s1) = runs
+    assert out1 == out0 and log1 == log0
+    assert s1["spec_decode_mean_acceptance_length"] > 1.8, s1
+
+
+def test_reduced_draft_vocabulary_keeps_the_greedy_tokens(dense, tmp_path):
+    want = tokens(engine(dense, **SETTINGS).generate(PROMPTS, greedy(12)))
+    ranked = [7, 3, 250, 3, 99]    # most frequent first, a repeat; the rest filled from the lowest ids
+    (tmp_path / "ids.txt").write_text(" ".join(map(str, ranked)))
+    for extra in ({"draft_vocab_size": 16}, {"draft_vocab_size": 8, "draft_vocab_file": str(tmp_path / "ids.txt")}):
+        e = Engine(model=str(dense), device="cpu", speculative_config={"method": "mtp", "num_speculative_tokens": 3,
+                                                                        **extra}, cuda_graph_sizes=(1, 2, 4, 8),
+                   **SETTINGS)
+        drafter = e.runner.drafter
+        assert isinstance(drafter, MTPDrafter) and drafter.draft_ids is not None
+        allowed = set(drafter.draft_ids.tolist())
+        with_graphs(e)
+        log = record_drafts(e)
+        assert tokens(e.generate(PROMPTS, greedy(12))) == want
+        proposed = {t for step in log for _, d in step for t in d}
+        assert proposed and proposed <= allowed, (proposed - allowed)
+        assert e.runner.drafter.graphs.num_runs > 0
+        assert_clean(e)
+    assert allowed == {7, 3, 250, 99, 0, 1, 2, 4} | set(e.eos_token_ids)
+
+
+def test_draft_vocab_ids_choice():
+    assert draft_vocab_ids(None, 100) is None
+    assert draft_vocab_ids({"draft_vocab_size": 100}, 100) is None              # the whole vocabulary
+    assert draft_vocab_ids({"draft_vocab_size": 4}, 100, (97,)).tolist() == [0, 1, 2, 3, 97]
+
+    class Tok:
+        def encode(self, text):
+            return [int(t) for t in text.split()]
+    assert ranked_token_ids(Tok(), ["5 5 2 9", "9 5"]) == [5, 9, 2]
+
+
+@pytest.mark.parametrize("extra,match", [
+    ({"draft_vocab_size": 0}, "draft_vocab_size must be a positive integer"),
+    ({"draft_vocab_file": "x"}, "draft_vocab_file needs draft_vocab_size"),
+])
+def test_bad_draft_vocab_config_is_refused(extra, match):
+    with pytest.raises(ConfigError, match=match):
+        Engine(model="/nonexistent", speculative_config={"method": "mtp", "num_speculative_tokens": 2, **extra})
+
+
+def test_bad_draft_vocab_file_is_refused(dense, tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_text("1 2 999999")
+    for path, match in ((bad, "outside the vocabulary"), (tmp_path / "missing.txt", "cannot be read")):
+        with pytest.raises(ConfigError, match=match):
+            engine_with = {"method": "mtp", "num_speculative_tokens": 2, "draft_vocab_size": 4,
+                           "draft_vocab_file": str(path)}
+            Engine(model=str(dense), device="cpu", speculative_config=engine_with, **SETTINGS)
