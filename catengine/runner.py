@@ -11,7 +11,8 @@ Per step (:meth:`ModelRunner.execute`):
 2. :meth:`host_batch` builds ``input_ids``, ``positions`` and the batch metadata on the host with a
    few vectorised torch ops;
 3. a decode-only batch that a captured graph covers is replayed from it (:mod:`catengine.cuda_graphs`),
-   every other batch goes through :meth:`forward` (the eager model call);
+   every other batch goes through :meth:`forward` (the eager model call); a uniform verify step skips step 2
+   and replays a verify graph from its items (:meth:`catengine.spec.graphs.VerifyGraphs.run_items`);
 4. the hidden state of each sequence's last new token, for sequences whose step ends their pending
    tokens, goes through ``compute_logits``, :func:`apply_penalties` and :func:`sample` (one row per
    completion: a leader finishing its prompt samples its forks' first tokens from the same logits);
@@ -179,18 +180,18 @@ class ModelRunner:
         t0 = time.perf_counter()
         if self.drafter is not None:
             self.drafter.propose(out, self.caches)
-        host, shape = self.host_batch(out)
-        verify = "intermediate_state_slots" in host
         rows = sample_rows(out)
-        graphs = self.graphs
-        width = host["block_tables"].shape[1]
-        if verify and self.verify_graphs is not None and self.verify_graphs.can_run(shape, len(out.scheduled), width,
-                                                                                    out.scheduled):
-            hidden = self.verify_graphs.run(host)
-        elif not verify and graphs is not None and graphs.can_run(shape, len(out.scheduled), width):
-            hidden = graphs.run(host)
+        if self.verify_graphs is not None and self.verify_graphs.covers(out.scheduled):
+            hidden, verify = self.verify_graphs.run_items(out.scheduled), True   # uniform verify: no host_batch
         else:
-            hidden = self.forward(*self.device_batch(host, shape))
+            host, shape = self.host_batch(out)
+            verify = "intermediate_state_slots" in host
+            graphs = self.graphs
+            if not verify and graphs is not None and graphs.can_run(shape, len(out.scheduled),
+                                                                    host["block_tables"].shape[1]):
+                hidden = graphs.run(host)
+            else:
+                hidden = self.forward(*self.device_batch(host, shape))
         accepted = accept(self.model, hidden, out, self.eos_token_ids) if verify else {}
         rows = without_rows(rows, accepted)
         # structured outputs: on CUDA the forward is queued, not done, so the grammar masks are filled on

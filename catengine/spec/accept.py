@@ -29,6 +29,13 @@ def can_draft(params, grammar=None) -> bool:
     return params.logprobs is None and grammar is None and params.structured_outputs is None
 
 
+def _penalized(p, num_output_tokens: int) -> bool:
+    """Whether apply_penalties would change a row of these params (min_tokens: at the item's first position,
+    which has the fewest output tokens); else the acceptance skips it and its per-row views."""
+    return bool(p.logit_bias or p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+                or num_output_tokens < p.min_tokens)
+
+
 def verify_items(out: SchedulerOutput):
     """(sample row, first hidden row, item) of every verify item."""
     offset = row = 0
@@ -46,20 +53,27 @@ def accept(model, hidden: torch.Tensor, out: SchedulerOutput, eos_token_ids=()) 
     if not items:
         return {}
     index, params, seeds, steps, views = [], [], [], [], []
+    penalized = False
     for _, first, it in items:
         seq, o = it.seq, it.seq.num_output_tokens
+        p = seq.params
+        penalized = penalized or _penalized(p, o)
         for i in range(it.num_drafts + 1):   # position i draws output token o + i after drafts[:i]
             index.append(first + i)
-            params.append(seq.params)
+            params.append(p)
             seeds.append(seq.seed)
             steps.append(o + i)
-            views.append((seq, it.draft_tokens[:i]))
-    rows = torch.tensor(index, dtype=torch.int64, device=hidden.device)
-    logits = model.compute_logits(hidden.index_select(0, rows))
-    prompts = LazyRows(len(views), lambda j: views[j][0].prompt_token_ids)
-    outputs = LazyRows(len(views), lambda j: views[j][0].output_token_ids + views[j][1])
-    processed = apply_penalties(logits, prompts, outputs, params, eos_token_ids)
-    target = sample(processed, params, seeds, steps)[0].tolist()
+            views.append((it, i))
+    if index[-1] + 1 == len(index) == hidden.shape[0]:   # every hidden row is a verify row (uniform steps)
+        logits = model.compute_logits(hidden)
+    else:
+        logits = model.compute_logits(hidden.index_select(0, torch.tensor(index, dtype=torch.int64,
+                                                                          device=hidden.device)))
+    if penalized:
+        prompts = LazyRows(len(views), lambda j: views[j][0].seq.prompt_token_ids)
+        outputs = LazyRows(len(views), lambda j: views[j][0].seq.output_token_ids + views[j][0].draft_tokens[:views[j][1]])
+        logits = apply_penalties(logits, prompts, outputs, params, eos_token_ids)
+    target = sample(logits, params, seeds, steps)[0].tolist()
     accepted, first = {}, 0
     for row, _, it in items:
         t, d, m = target[first:first + it.num_drafts + 1], it.draft_tokens, it.num_drafts

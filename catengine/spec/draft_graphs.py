@@ -33,19 +33,22 @@ class DraftGraphs(DecodeGraphs):
         self.greedy = greedy
         super().__init__(model, caches, batch_sizes=batch_sizes, max_model_len=max_model_len,
                          pad_state_slot=pad_state_slot, device=device, capture=capture)
-        n, z = self.max_batch, dict(device=self.device)
-        # pass 1 (catch-up): q rows per sequence
-        self.cu_ids = torch.zeros(n * q, dtype=torch.int64, **z)
-        self.cu_pos = torch.zeros(n * q, dtype=torch.int64, **z)
-        self.cu_hidden = torch.zeros(n * q, hidden_size, dtype=dtype, **z)
-        self.cu_slots = torch.full((n * q,), -1, dtype=torch.int64, **z)
-        self.cu_qsl = torch.arange(n + 1, dtype=torch.int32, **z) * q
-        self.cu_seq_lens = torch.full((n,), q, dtype=torch.int32, **z)
-        self.last_rows = torch.arange(n, dtype=torch.int64, **z) * q
-        # passes 2..k: one row per sequence (row j - 2 of these)
-        self.p_pos = torch.zeros(max(k - 1, 1), n, dtype=torch.int64, **z)
-        self.p_seq_lens = torch.ones(max(k - 1, 1), n, dtype=torch.int32, **z)
-        self.p_slots = torch.full((max(k - 1, 1), n), -1, dtype=torch.int64, **z)
+        z = dict(device=self.device)
+        # per captured size s, every int64 input in one packed buffer the host fills in one copy:
+        # [catch-up ids | positions | slots | kept-row index] (s * q each), last real row (s),
+        # [positions | slots] of passes 2..k ((k - 1) * s each); the seq_lens are derived in the graph
+        self._i64 = {s: torch.zeros(4 * s * q + s + 2 * (k - 1) * s, dtype=torch.int64, **z) for s in self.batch_sizes}
+        self.cu_hidden = torch.zeros(self.max_batch * q, hidden_size, dtype=dtype, **z)
+        self._views = {s: self._fields(s) for s in self.batch_sizes}
+
+    def _fields(self, size: int):
+        q, k, buf = self.query_len, self.num_drafts, self._i64[size]
+        n, m = size * q, (k - 1) * size
+        cu_ids, cu_pos, cu_slots, src = (buf[i * n:(i + 1) * n] for i in range(4))
+        last = buf[4 * n:4 * n + size]
+        p_pos = buf[4 * n + size:4 * n + size + m].view(k - 1, size)
+        p_slots = buf[4 * n + size + m:].view(k - 1, size)
+        return cu_ids, cu_pos, cu_slots, src, last, p_pos, p_slots
 
     def can_run(self, num_seqs: int, block_table_width: int, max_seq_len: int) -> bool:
         return (num_seqs <= self.max_batch and max_seq_len <= self.max_model_len
@@ -60,15 +63,17 @@ class DraftGraphs(DecodeGraphs):
 
     def _forward(self, size: int) -> torch.Tensor:
         q, mtp = self.query_len, self.model.mtp_forward
-        batch = self._meta(size, self.cu_qsl[: size + 1], self.cu_seq_lens[:size], self.cu_slots[: size * q], q, False)
-        h = mtp(self.cu_ids[: size * q], self.cu_pos[: size * q], self.cu_hidden[: size * q], batch, self.caches)
-        h = h.index_select(0, self.last_rows[:size])
+        cu_ids, cu_pos, cu_slots, _, last, p_pos, p_slots = self._views[size]
+        seq_lens = (cu_pos.view(size, q)[:, 0] + q).to(torch.int32)   # kstart + q (padding: positions 0..q-1)
+        batch = self._meta(size, self.query_start_loc[: size + 1] * q, seq_lens, cu_slots, q, False)
+        h = mtp(cu_ids, cu_pos, self.cu_hidden[: size * q], batch, self.caches)
+        h = h.index_select(0, last)
         tok = self.greedy(h)
         drafts = [tok]
         for j in range(self.num_drafts - 1):
-            batch = self._meta(size, self.query_start_loc[: size + 1], self.p_seq_lens[j, :size],
-                               self.p_slots[j, :size], 1, True)
-            h = mtp(tok, self.p_pos[j, :size], h, batch, self.caches)
+            batch = self._meta(size, self.query_start_loc[: size + 1], (p_pos[j] + 1).to(torch.int32), p_slots[j],
+                               1, True)
+            h = mtp(tok, p_pos[j], h, batch, self.caches)
             tok = self.greedy(h)
             drafts.append(tok)
         return torch.stack(drafts, dim=1)
@@ -81,33 +86,30 @@ class DraftGraphs(DecodeGraphs):
         q, k, bs = self.query_len, self.num_drafts, self.caches.block_size
         b = len(steps)
         size = self.padded_size(b)
-        ids, pos, slots, src = [0] * (size * q), [0] * (size * q), [-1] * (size * q), [0] * (size * q)
-        seq_lens, last = [q] * size, [i * q for i in range(size)]
-        p_pos, p_lens, p_slots = [[0] * size for _ in range(k - 1)], [[1] * size for _ in range(k - 1)], \
-            [[-1] * size for _ in range(k - 1)]
+        ids, pos, slots, src, last = [], [], [], [], []
+        p_pos, p_slots = [[] for _ in range(k - 1)], [[] for _ in range(k - 1)]
         for i, (kstart, first, tokens, start, table) in enumerate(steps):
-            n, r = len(tokens), i * q
-            ids[r:r + n] = tokens
-            pos[r:r + q] = range(kstart, kstart + q)
-            slots[r:r + n] = [table[p // bs] * bs + p % bs for p in range(kstart, kstart + n)]
-            src[r:r + n] = range(first, first + n)
-            seq_lens[i], last[i] = kstart + q, r + n - 1
+            n, pad = len(tokens), q - len(tokens)
+            ids += tokens + [0] * pad
+            pos.extend(range(kstart, kstart + q))
+            slots += [table[p // bs] * bs + p % bs for p in range(kstart, kstart + n)] + [-1] * pad
+            src += list(range(first, first + n)) + [first] * pad
+            last.append(i * q + n - 1)
             for j in range(k - 1):   # pass j + 2 reads draft j + 1 at position start + j
                 p = start + j
-                p_pos[j][i], p_lens[j][i], p_slots[j][i] = p, p + 1, table[p // bs] * bs + p % bs
+                p_pos[j].append(p)
+                p_slots[j].append(table[p // bs] * bs + p % bs)
+        pad, pad_t = size - b, (size - b) * q
+        flat = (ids + [0] * pad_t + pos + list(range(q)) * pad + slots + [-1] * pad_t + src + [0] * pad_t
+                + last + [i * q for i in range(b, size)])
+        for row in p_pos:
+            flat += row + [0] * pad
+        for row in p_slots:
+            flat += row + [-1] * pad
         nb = dict(non_blocking=True)
-        self.cu_ids[: size * q].copy_(torch.tensor(ids, dtype=torch.int64), **nb)
-        self.cu_pos[: size * q].copy_(torch.tensor(pos, dtype=torch.int64), **nb)
-        self.cu_slots[: size * q].copy_(torch.tensor(slots, dtype=torch.int64), **nb)
-        self.cu_seq_lens[:size].copy_(torch.tensor(seq_lens, dtype=torch.int32), **nb)
-        self.last_rows[:size].copy_(torch.tensor(last, dtype=torch.int64), **nb)
-        if k > 1:
-            self.p_pos[:, :size].copy_(torch.tensor(p_pos, dtype=torch.int64), **nb)
-            self.p_seq_lens[:, :size].copy_(torch.tensor(p_lens, dtype=torch.int32), **nb)
-            self.p_slots[:, :size].copy_(torch.tensor(p_slots, dtype=torch.int64), **nb)
+        self._i64[size].copy_(torch.tensor(flat, dtype=torch.int64), **nb)
         self.block_tables[:b, : block_tables.shape[1]].copy_(block_tables, **nb)
-        torch.index_select(kept_rows, 0, torch.tensor(src, dtype=torch.int64).to(self.device, **nb),
-                           out=self.cu_hidden[: size * q])
+        torch.index_select(kept_rows, 0, self._views[size][3], out=self.cu_hidden[: size * q])
         self.num_runs += 1
         if not self.capture:
             return self._forward(size)[:b]
