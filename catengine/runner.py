@@ -41,6 +41,7 @@ from .sample_rows import SampleRows, penalty_views, sample_rows
 from .sampling import SamplingParams, TokenLogprobs, apply_penalties, sample
 from .scheduler import SchedulerOutput, Sequence
 from .spec import Drafter, MTPDrafter, accept
+from .spec.drafter import fill_drafts
 from .spec.draft_graphs import build_draft_graphs
 from .spec.graphs import VerifyGraphs, build_verify_graphs
 from .spec.vocab import draft_vocab_ids
@@ -180,10 +181,15 @@ class ModelRunner:
         t0 = time.perf_counter()
         if self.drafter is not None:
             self.drafter.propose(out, self.caches)
+        # the MTP draft graph leaves its drafts on the device for the verify graph (None: in draft_tokens)
+        drafts = self.drafter.take_device_drafts() if self.drafter is not None else None
         rows = sample_rows(out)
         if self.verify_graphs is not None and self.verify_graphs.covers(out.scheduled):
-            hidden, verify = self.verify_graphs.run_items(out.scheduled), True   # uniform verify: no host_batch
+            hidden, verify = self.verify_graphs.run_items(out.scheduled, drafts), True   # no host_batch
         else:
+            if drafts is not None:
+                fill_drafts(out.scheduled, drafts)
+                drafts = None
             host, shape = self.host_batch(out)
             verify = "intermediate_state_slots" in host
             graphs = self.graphs
@@ -192,7 +198,7 @@ class ModelRunner:
                 hidden = graphs.run(host)
             else:
                 hidden = self.forward(*self.device_batch(host, shape))
-        accepted = accept(self.model, hidden, out, self.eos_token_ids) if verify else {}
+        accepted = accept(self.model, hidden, out, self.eos_token_ids, drafts) if verify else {}
         rows = without_rows(rows, accepted)
         # structured outputs: on CUDA the forward is queued, not done, so the grammar masks are filled on
         # the CPU while the GPU computes the hidden states (the first wait is for the sampled tokens)

@@ -19,6 +19,7 @@ import torch
 from ..sample_rows import LazyRows
 from ..sampling import apply_penalties, sample
 from ..scheduler import SchedulerOutput
+from .drafter import fill_drafts
 
 
 def can_draft(params, grammar=None) -> bool:
@@ -46,9 +47,12 @@ def verify_items(out: SchedulerOutput):
         row += it.num_samples
 
 
-def accept(model, hidden: torch.Tensor, out: SchedulerOutput, eos_token_ids=()) -> dict[int, list[int]]:
+def accept(model, hidden: torch.Tensor, out: SchedulerOutput, eos_token_ids=(),
+           drafts: torch.Tensor | None = None) -> dict[int, list[int]]:
     """row -> the tokens a verify item adds: its drafts up to the first that differs from the target's own
-    token there, then that token (the bonus token after the last draft when all matched)."""
+    token there, then that token (the bonus token after the last draft when all matched). ``drafts``: the
+    drafts [b, k] still on the device (every scheduled item verifies k), copied to the items' draft_tokens
+    here, in the same host copy as the target's tokens when no penalty needs them first."""
     items = list(verify_items(out))
     if not items:
         return {}
@@ -69,11 +73,21 @@ def accept(model, hidden: torch.Tensor, out: SchedulerOutput, eos_token_ids=()) 
     else:
         logits = model.compute_logits(hidden.index_select(0, torch.tensor(index, dtype=torch.int64,
                                                                           device=hidden.device)))
+    if penalized and drafts is not None:   # the penalties count the drafts before each position
+        fill_drafts([it for _, _, it in items], drafts)
+        drafts = None
     if penalized:
         prompts = LazyRows(len(views), lambda j: views[j][0].seq.prompt_token_ids)
         outputs = LazyRows(len(views), lambda j: views[j][0].seq.output_token_ids + views[j][0].draft_tokens[:views[j][1]])
         logits = apply_penalties(logits, prompts, outputs, params, eos_token_ids)
-    target = sample(logits, params, seeds, steps)[0].tolist()
+    target = sample(logits, params, seeds, steps)[0]
+    if drafts is None:
+        target = target.tolist()
+    else:   # one host copy for both
+        both = torch.cat([target, drafts.reshape(-1)]).tolist()
+        target, flat = both[:len(index)], both[len(index):]
+        k = drafts.shape[1]
+        fill_drafts([it for _, _, it in items], [flat[i * k:(i + 1) * k] for i in range(len(items))])
     accepted, first = {}, 0
     for row, _, it in items:
         t, d, m = target[first:first + it.num_drafts + 1], it.draft_tokens, it.num_drafts

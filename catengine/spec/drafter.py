@@ -39,6 +39,17 @@ class Drafter:
     def record(self, out: SchedulerOutput, hidden: torch.Tensor, accepted: dict[int, list[int]]) -> None:
         pass
 
+    def take_device_drafts(self) -> torch.Tensor | None:
+        """Drafts [b, k] that ``propose`` left on the device for the b scheduled items (their draft_tokens are
+        then unset until :func:`fill_drafts`), or None when every item's draft_tokens are filled. Taken once."""
+        return None
+
+
+def fill_drafts(items, drafts: torch.Tensor | list) -> None:
+    """Set the items' draft_tokens from device drafts (one host copy) or their host lists."""
+    for it, d in zip(items, drafts.tolist() if isinstance(drafts, torch.Tensor) else drafts):
+        it.draft_tokens = d
+
 
 @dataclass
 class _Kept:
@@ -59,6 +70,7 @@ class MTPDrafter(Drafter):
         self.rows: torch.Tensor | None = None  # [n, H] every kept row of the last step, one copy
         self.num_passes = 0                   # MTP forwards run (tests, stats)
         self.graphs = None                    # DraftGraphs of steady-state steps (the runner captures them)
+        self.device_drafts: torch.Tensor | None = None   # the graph path's drafts, until the runner takes them
         self.draft_ids = self.draft_head = None
         if draft_vocab is not None:
             # the lm_head rows of the subset, gathered once (int8 weights and their scales when quantized)
@@ -108,10 +120,10 @@ class MTPDrafter(Drafter):
         rows, self.rows = self.rows, None
         graph = self._graph_steps(out, kept) if rows is not None else None
         if graph is not None:
-            drafts = self.graphs.run(*graph, rows).tolist()   # one replay, one host copy
+            # one replay; the drafts stay on the device: the verify graph reads them there and the acceptance
+            # copies them to the host with the target's tokens, so the host never waits for the drafting alone
+            self.device_drafts = self.graphs.run(*graph, rows)
             self.num_passes += self.graphs.num_drafts
-            for it, d in zip(out.scheduled, drafts):
-                it.draft_tokens = d
             return
         bs = caches.block_size
         drafting = [it for it in out.scheduled if it.num_drafts]
@@ -158,6 +170,10 @@ class MTPDrafter(Drafter):
                 it.draft_tokens, flat = flat[:n], flat[n:]
         for it in drafting:   # no kept rows (after a fork or preemption): filler, verified like any draft
             it.draft_tokens.extend([it.seq.token_ids[-1]] * (it.num_drafts - len(it.draft_tokens)))
+
+    def take_device_drafts(self) -> torch.Tensor | None:
+        drafts, self.device_drafts = self.device_drafts, None
+        return drafts
 
     def record(self, out: SchedulerOutput, hidden: torch.Tensor, accepted: dict[int, list[int]]) -> None:
         offset = row = 0

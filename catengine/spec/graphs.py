@@ -64,9 +64,10 @@ class VerifyGraphs(DecodeGraphs):
         return self.model(i64[:n], i64[n:2 * n], self._batch(size), self.caches)
 
     @torch.inference_mode()
-    def run_items(self, items) -> torch.Tensor:
+    def run_items(self, items, drafts: torch.Tensor | None = None) -> torch.Tensor:
         """Hidden states [b * q, H] of a uniform verify step (:meth:`covers`), its inputs built here from the
-        items: token rows b * q + j are sequence b's pending token (j = 0) and drafts."""
+        items: token rows b * q + j are sequence b's pending token (j = 0) and drafts, the items' draft_tokens
+        or ``drafts`` [b, q - 1] on the device (copied in there, no host round trip)."""
         q, k, bs, slot = self.query_len, self.query_len - 1, self.caches.block_size, self.pad_state_slot
         b = len(items)
         size = self.padded_size(b)
@@ -76,7 +77,7 @@ class VerifyGraphs(DecodeGraphs):
             seq, st = it.seq, it.start
             table = seq.block_table
             ids.append(seq.token_ids[st])
-            ids.extend(it.draft_tokens)
+            ids.extend(it.draft_tokens if drafts is None else [0] * k)
             pos.extend(range(st, st + q))
             slots.extend([table[p // bs] * bs + p % bs for p in range(st, st + q)])
             # tokens 0..k-1 save their state to the spare slots, the last draft's goes to the live slot
@@ -91,6 +92,8 @@ class VerifyGraphs(DecodeGraphs):
         nb = dict(non_blocking=True)
         self._i64[size].copy_(torch.tensor(i64, dtype=torch.int64), **nb)
         self._i32[size].copy_(torch.tensor(i32, dtype=torch.int32), **nb)
+        if drafts is not None:
+            self._i64[size][: b * q].view(b, q)[:, 1:].copy_(drafts)
         width = max(len(t) for t in tables)
         self.block_tables[:b, :width].copy_(torch.tensor([t + [0] * (width - len(t)) for t in tables],
                                                          dtype=torch.int32), **nb)

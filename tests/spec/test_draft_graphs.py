@@ -34,13 +34,15 @@ def dense(tmp_path_factory):
 
 
 def record_drafts(e) -> list:
-    """Wrap the engine's drafter: every step's (seq_id, drafts) pairs, in order."""
-    log, propose = [], e.runner.drafter.propose
+    """Wrap the runner: every step's (seq_id, drafts) pairs, in order, read after the step (the graph path's
+    drafts reach the items' draft_tokens in the acceptance, with the target's tokens)."""
+    log, execute = [], e.runner.execute
 
-    def wrapped(out, caches):
-        propose(out, caches)
+    def wrapped(out):
+        result = execute(out)
         log.append([(it.seq.seq_id, list(it.draft_tokens)) for it in out.scheduled if it.num_drafts])
-    e.runner.drafter.propose = wrapped
+        return result
+    e.runner.execute = wrapped
     return log
 
 
@@ -48,8 +50,9 @@ def tokens(results):
     return [[list(c.token_ids) for c in r.outputs] for r in results]
 
 
-def with_graphs(e):
-    e.runner.verify_graphs = build_verify_graphs(e.runner, capture=False)
+def with_graphs(e, verify=True):
+    if verify:
+        e.runner.verify_graphs = build_verify_graphs(e.runner, capture=False)
     e.runner.drafter.graphs = build_draft_graphs(e.runner, e.runner.drafter, capture=False)
     return e.runner.drafter.graphs
 
@@ -68,6 +71,31 @@ def test_draft_graph_padding_gives_the_eager_drafts(dense, k):
     assert graphs.num_runs > 0 and e.runner.verify_graphs.num_runs > 0
     assert drafts == eager_drafts   # same steps, same drafts: the padded passes compute the packed ones
     assert e.stats()["spec_decode_num_accepted_tokens_per_pos"] == eager.stats()["spec_decode_num_accepted_tokens_per_pos"]
+    assert_clean(e)
+
+
+@pytest.mark.parametrize("verify_graphs", [True, False], ids=["verify-graph", "eager-verify"])
+def test_device_drafts_with_penalties_and_seeded_sampling(verify_graphs):
+    """The graph path's drafts stay on the device: the verify graph reads them there (or, without one, the host
+    takes them before the eager verify), and penalties (which count the drafts before each position) and seeded
+    sampling see them on the host in time: the tokens are those without speculation. The demo model's trained
+    head, so that drafts are accepted and a wrong host copy of them would change the tokens."""
+    from catengine.tools.demo import trained_model_path
+    path = trained_model_path()
+    params = [SamplingParams(temperature=0.0, max_tokens=20, repetition_penalty=1.1, frequency_penalty=0.2,
+                             ignore_eos=True),
+              SamplingParams(temperature=0.7, top_p=0.9, seed=8, max_tokens=20, ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=20, min_tokens=6, logit_bias={5: 1.0})]
+    base = Engine(model=str(path), device="cpu", max_num_seqs=4)
+    ids = base.tokenizer.encode((Path(path) / "heldout_code.txt").read_text()[:3000])
+    prompts = [ids[:40], ids[400:440], ids[800:830]]
+    want = tokens(base.generate(prompts, params))
+    e = Engine(model=str(path), device="cpu", max_num_seqs=4, cuda_graph_sizes=(1, 2, 4),
+               speculative_config={"method": "mtp", "num_speculative_tokens": 3})
+    graphs = with_graphs(e, verify_graphs)
+    assert tokens(e.generate(prompts, params)) == want
+    s = e.stats()
+    assert graphs.num_runs > 0 and s["spec_decode_num_accepted_tokens"] > s["spec_decode_num_drafts"] / 2, s
     assert_clean(e)
 
 
