@@ -53,8 +53,9 @@ def main() -> None:
                        speculative_config={"method": "mtp", "num_speculative_tokens": args.k, **extra})
             got = [list(r.outputs[0].token_ids) for r in e.generate(prompts, params)]
             s = e.stats()
-            covered = sum(t in set(e.runner.drafter.draft_ids.tolist()) for o in want for t in o) / sum(map(len, want)) \
-                if e.runner.drafter.draft_ids is not None else 1.0
+            subset = e.runner.drafter.draft_ids
+            inside = set(subset.tolist()) if subset is not None else None
+            covered = 1.0 if inside is None else sum(t in inside for o in want for t in o) / sum(map(len, want))
             rows.append([label, n, covered, s["spec_decode_mean_acceptance_length"],
                          s["spec_decode_num_accepted_tokens_per_pos"], "yes" if got == want else "NO"])
             e.close()

@@ -78,7 +78,8 @@ def accept(model, hidden: torch.Tensor, out: SchedulerOutput, eos_token_ids=(),
         drafts = None
     if penalized:
         prompts = LazyRows(len(views), lambda j: views[j][0].seq.prompt_token_ids)
-        outputs = LazyRows(len(views), lambda j: views[j][0].seq.output_token_ids + views[j][0].draft_tokens[:views[j][1]])
+        outputs = LazyRows(len(views), lambda j: (views[j][0].seq.output_token_ids
+                                                  + views[j][0].draft_tokens[:views[j][1]]))
         logits = apply_penalties(logits, prompts, outputs, params, eos_token_ids)
     target = sample(logits, params, seeds, steps)[0]
     if drafts is None:

@@ -40,6 +40,8 @@ class DraftGraphs(DecodeGraphs):
         self._i64 = {s: torch.zeros(4 * s * q + s + 2 * (k - 1) * s, dtype=torch.int64, **z) for s in self.batch_sizes}
         self.cu_hidden = torch.zeros(self.max_batch * q, hidden_size, dtype=dtype, **z)
         self._views = {s: self._fields(s) for s in self.batch_sizes}
+        for size in self.batch_sizes:   # all padding: the capture's warm-up run writes no KV
+            self._i64[size].copy_(torch.tensor(self._host(size, []), dtype=torch.int64))
 
     def _fields(self, size: int):
         q, k, buf = self.query_len, self.num_drafts, self._i64[size]
@@ -78,14 +80,10 @@ class DraftGraphs(DecodeGraphs):
             drafts.append(tok)
         return torch.stack(drafts, dim=1)
 
-    @torch.inference_mode()
-    def run(self, steps, block_tables: torch.Tensor, kept_rows: torch.Tensor) -> torch.Tensor:
-        """Drafts [b, k] (device, int64) of the b sequences ``steps``: (first kept position, first row in
-        ``kept_rows``, the n committed token ids after the kept positions, verify start, block table), with
-        ``block_tables`` [b, width] int32 on the host."""
+    def _host(self, size: int, steps) -> list[int]:
+        """The packed int64 contents of graph ``size`` for ``steps`` (see :meth:`run`), padding after them."""
         q, k, bs = self.query_len, self.num_drafts, self.caches.block_size
         b = len(steps)
-        size = self.padded_size(b)
         ids, pos, slots, src, last = [], [], [], [], []
         p_pos, p_slots = [[] for _ in range(k - 1)], [[] for _ in range(k - 1)]
         for i, (kstart, first, tokens, start, table) in enumerate(steps):
@@ -99,6 +97,7 @@ class DraftGraphs(DecodeGraphs):
                 p = start + j
                 p_pos[j].append(p)
                 p_slots[j].append(table[p // bs] * bs + p % bs)
+        # padding sequences: no KV written (slot -1), catch-up positions 0..q-1 (seq_len q), passes at 0
         pad, pad_t = size - b, (size - b) * q
         flat = (ids + [0] * pad_t + pos + list(range(q)) * pad + slots + [-1] * pad_t + src + [0] * pad_t
                 + last + [i * q for i in range(b, size)])
@@ -106,10 +105,20 @@ class DraftGraphs(DecodeGraphs):
             flat += row + [0] * pad
         for row in p_slots:
             flat += row + [-1] * pad
+        return flat
+
+    @torch.inference_mode()
+    def run(self, steps, block_tables: torch.Tensor, kept_rows: torch.Tensor) -> torch.Tensor:
+        """Drafts [b, k] (device, int64) of the b sequences ``steps``: (first kept position, first row in
+        ``kept_rows``, the n committed token ids after the kept positions, verify start, block table), with
+        ``block_tables`` [b, width] int32 on the host."""
+        b = len(steps)
+        size = self.padded_size(b)
+        flat = self._host(size, steps)
         nb = dict(non_blocking=True)
         self._i64[size].copy_(torch.tensor(flat, dtype=torch.int64), **nb)
         self.block_tables[:b, : block_tables.shape[1]].copy_(block_tables, **nb)
-        torch.index_select(kept_rows, 0, self._views[size][3], out=self.cu_hidden[: size * q])
+        torch.index_select(kept_rows, 0, self._views[size][3], out=self.cu_hidden[: size * self.query_len])
         self.num_runs += 1
         if not self.capture:
             return self._forward(size)[:b]

@@ -34,6 +34,8 @@ class VerifyGraphs(DecodeGraphs):
         self._i64 = {s: torch.zeros(4 * s * q, dtype=torch.int64, **z) for s in self.batch_sizes}
         self._i32 = {s: torch.zeros(s * (2 + q), dtype=torch.int32, **z) for s in self.batch_sizes}
         self.target_rows = torch.arange(self.max_batch * q, dtype=torch.int64, **z)
+        for size in self.batch_sizes:   # all padding: the capture's warm-up run writes no KV and no live state
+            self._load(size, *self._host(size, [], None)[:2])
 
     def covers(self, items) -> bool:
         """Whether a step of these scheduled items is a uniform verify step a captured graph covers: every
@@ -63,14 +65,10 @@ class VerifyGraphs(DecodeGraphs):
         n, i64 = size * self.query_len, self._i64[size]
         return self.model(i64[:n], i64[n:2 * n], self._batch(size), self.caches)
 
-    @torch.inference_mode()
-    def run_items(self, items, drafts: torch.Tensor | None = None) -> torch.Tensor:
-        """Hidden states [b * q, H] of a uniform verify step (:meth:`covers`), its inputs built here from the
-        items: token rows b * q + j are sequence b's pending token (j = 0) and drafts, the items' draft_tokens
-        or ``drafts`` [b, q - 1] on the device (copied in there, no host round trip)."""
+    def _host(self, size: int, items, drafts) -> tuple[list[int], list[int], list[list[int]]]:
+        """The packed int64 and int32 contents of graph ``size`` for ``items`` (padding rows after them) and
+        their block tables."""
         q, k, bs, slot = self.query_len, self.query_len - 1, self.caches.block_size, self.pad_state_slot
-        b = len(items)
-        size = self.padded_size(b)
         ids, pos, slots, saved = [], [], [], []
         seq_lens, states, tables = [], [], []
         for it in items:
@@ -86,17 +84,33 @@ class VerifyGraphs(DecodeGraphs):
             seq_lens.append(st + q)
             states.append(seq.state_slot)
             tables.append(table)
-        pad, pad_t = size - b, (size - b) * q
-        i64 = (ids + [0] * pad_t + pos + list(range(q)) * pad + slots + [-1] * pad_t + saved + [slot] * pad_t)
+        # padding sequences: no KV written (slot -1), positions 0..q-1 under seq_len q, every state to the
+        # padding slot
+        pad = size - len(items)
+        pad_t = pad * q
+        i64 = ids + [0] * pad_t + pos + list(range(q)) * pad + slots + [-1] * pad_t + saved + [slot] * pad_t
         i32 = seq_lens + [q] * pad + states + [slot] * pad + saved + [slot] * pad_t
+        return i64, i32, tables
+
+    def _load(self, size: int, i64: list[int], i32: list[int]) -> None:
         nb = dict(non_blocking=True)
         self._i64[size].copy_(torch.tensor(i64, dtype=torch.int64), **nb)
         self._i32[size].copy_(torch.tensor(i32, dtype=torch.int32), **nb)
+
+    @torch.inference_mode()
+    def run_items(self, items, drafts: torch.Tensor | None = None) -> torch.Tensor:
+        """Hidden states [b * q, H] of a uniform verify step (:meth:`covers`), its inputs built here from the
+        items: token rows b * q + j are sequence b's pending token (j = 0) and drafts, the items' draft_tokens
+        or ``drafts`` [b, q - 1] on the device (copied in there, no host round trip)."""
+        q, b = self.query_len, len(items)
+        size = self.padded_size(b)
+        i64, i32, tables = self._host(size, items, drafts)
+        self._load(size, i64, i32)
         if drafts is not None:
             self._i64[size][: b * q].view(b, q)[:, 1:].copy_(drafts)
         width = max(len(t) for t in tables)
         self.block_tables[:b, :width].copy_(torch.tensor([t + [0] * (width - len(t)) for t in tables],
-                                                         dtype=torch.int32), **nb)
+                                                         dtype=torch.int32), non_blocking=True)
         self.num_runs += 1
         if not self.capture:
             return self._forward(size)[: b * q]
@@ -117,7 +131,8 @@ def build_verify_graphs(runner, capture: bool = True, num_drafts: int | None = N
     sizes = capture_sizes(cfg.cuda_graph_sizes, limit)
     if not sizes or runner.drafter is None:
         return None
-    graphs = VerifyGraphs(runner.model, runner.caches, batch_sizes=sizes, query_len=(num_drafts or cfg.num_speculative_tokens) + 1,
+    graphs = VerifyGraphs(runner.model, runner.caches, batch_sizes=sizes,
+                          query_len=(num_drafts or cfg.num_speculative_tokens) + 1,
                           max_model_len=plan.max_model_len, pad_state_slot=plan.pad_state_slot, device=runner.device,
                           capture=capture)
     try:

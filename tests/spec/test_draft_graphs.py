@@ -4,7 +4,6 @@ output tokens: the verify step would hide wrong drafts behind correct output."""
 from pathlib import Path
 
 import pytest
-import torch
 
 from catengine import Engine
 from catengine.errors import ConfigError
@@ -70,7 +69,8 @@ def test_draft_graph_padding_gives_the_eager_drafts(dense, k):
     assert tokens(e.generate(PROMPTS, params)) == want
     assert graphs.num_runs > 0 and e.runner.verify_graphs.num_runs > 0
     assert drafts == eager_drafts   # same steps, same drafts: the padded passes compute the packed ones
-    assert e.stats()["spec_decode_num_accepted_tokens_per_pos"] == eager.stats()["spec_decode_num_accepted_tokens_per_pos"]
+    per_pos = "spec_decode_num_accepted_tokens_per_pos"
+    assert e.stats()[per_pos] == eager.stats()[per_pos]
     assert_clean(e)
 
 
