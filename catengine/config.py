@@ -31,9 +31,11 @@ SSM_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
 LM_HEAD_QUANT = (None, "int8")
 MTP_METHODS = ("mtp", "qwen3_next_mtp", "qwen3_5_mtp")   # vLLM's names for the checkpoint's own MTP head
 MAX_SPECULATIVE_TOKENS = 8
-# no drafting above this many running sequences until bench/bench_mtp.py measures where it stops paying: a
-# verify step over k+1 rows per sequence turns the memory-bound decode GEMV into a GEMM; by batch 32 a
-# decode step is no longer weight-bound on the H200, so drafts there mostly cost (vLLM leaves it unset)
+# no drafting above this many running sequences: a verify step over k+1 rows per sequence turns the
+# memory-bound decode GEMV into a GEMM; by batch 32 a decode step is no longer weight-bound on the H200, so
+# drafts there mostly cost (vLLM leaves it unset). The rule (bench/NOTES.md, "MTP draft graphs"): the largest
+# batch at which bench/bench_mtp.py's last table shows the real MTP head faster than no MTP on the 27B at
+# k = 3; 32 stands until that run is on full-depth weights with a trained head
 DEFAULT_SPEC_DISABLE_BATCH = 32
 
 

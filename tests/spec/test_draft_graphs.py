@@ -170,3 +170,14 @@ def test_bad_draft_vocab_file_is_refused(dense, tmp_path):
             engine_with = {"method": "mtp", "num_speculative_tokens": 2, "draft_vocab_size": 4,
                            "draft_vocab_file": str(path)}
             Engine(model=str(dense), device="cpu", speculative_config=engine_with, **SETTINGS)
+
+
+def test_cli_takes_the_draft_vocabulary(dense, capsys):
+    from catengine.cli import main
+    argv = ["generate", PROMPTS[1], "--model", str(dense), "--device", "cpu", "--max-tokens", "12",
+            "--temperature", "0", "--ignore-eos", "--max-num-seqs", "4"]
+    assert main(argv) == 0
+    want = capsys.readouterr().out
+    spec = '{"method": "mtp", "num_speculative_tokens": 3, "draft_vocab_size": 64}'
+    assert main(argv + ["--speculative-config", spec]) == 0
+    assert capsys.readouterr().out == want and want.strip()
