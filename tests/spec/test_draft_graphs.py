@@ -181,3 +181,17 @@ def test_cli_takes_the_draft_vocabulary(dense, capsys):
     spec = '{"method": "mtp", "num_speculative_tokens": 3, "draft_vocab_size": 64}'
     assert main(argv + ["--speculative-config", spec]) == 0
     assert capsys.readouterr().out == want and want.strip()
+
+
+def test_reduced_draft_vocabulary_over_the_int8_lm_head(dense):
+    """With quantize_lm_head int8 the draft head gathers the int8 rows and their scales."""
+    want = tokens(engine(dense, quantize_lm_head="int8", **SETTINGS).generate(PROMPTS, greedy(10)))
+    e = Engine(model=str(dense), device="cpu", quantize_lm_head="int8", cuda_graph_sizes=(1, 2, 4, 8), **SETTINGS,
+               speculative_config={"method": "mtp", "num_speculative_tokens": 2, "draft_vocab_size": 32})
+    assert isinstance(e.runner.drafter.draft_head, tuple) and e.runner.drafter.draft_head[0].shape[0] >= 32
+    with_graphs(e)
+    log = record_drafts(e)
+    assert tokens(e.generate(PROMPTS, greedy(10))) == want
+    assert {t for step in log for _, d in step for t in d} <= set(e.runner.drafter.draft_ids.tolist())
+    assert e.runner.drafter.graphs.num_runs > 0
+    assert_clean(e)
