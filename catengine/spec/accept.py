@@ -56,18 +56,17 @@ def accept(model, hidden: torch.Tensor, out: SchedulerOutput, eos_token_ids=(),
     items = list(verify_items(out))
     if not items:
         return {}
-    index, params, seeds, steps, views = [], [], [], [], []
+    index, params, seeds, steps = [], [], [], []
     penalized = False
     for _, first, it in items:
         seq, o = it.seq, it.seq.num_output_tokens
         p = seq.params
         penalized = penalized or _penalized(p, o)
-        for i in range(it.num_drafts + 1):   # position i draws output token o + i after drafts[:i]
-            index.append(first + i)
-            params.append(p)
-            seeds.append(seq.seed)
-            steps.append(o + i)
-            views.append((it, i))
+        q = it.num_drafts + 1   # position i draws output token o + i after drafts[:i]
+        index.extend(range(first, first + q))
+        params.extend([p] * q)
+        seeds.extend([seq.seed] * q)
+        steps.extend(range(o, o + q))
     if index[-1] + 1 == len(index) == hidden.shape[0]:   # every hidden row is a verify row (uniform steps)
         logits = model.compute_logits(hidden)
     else:
@@ -77,6 +76,7 @@ def accept(model, hidden: torch.Tensor, out: SchedulerOutput, eos_token_ids=(),
         fill_drafts([it for _, _, it in items], drafts)
         drafts = None
     if penalized:
+        views = [(it, i) for _, _, it in items for i in range(it.num_drafts + 1)]
         prompts = LazyRows(len(views), lambda j: views[j][0].seq.prompt_token_ids)
         outputs = LazyRows(len(views), lambda j: (views[j][0].seq.output_token_ids
                                                   + views[j][0].draft_tokens[:views[j][1]]))
