@@ -162,6 +162,12 @@ def test_bad_draft_vocab_config_is_refused(extra, match):
         Engine(model="/nonexistent", speculative_config={"method": "mtp", "num_speculative_tokens": 2, **extra})
 
 
+def test_draft_vocab_under_tensor_parallelism_is_refused():
+    with pytest.raises(ConfigError, match="not supported with tensor_parallel_size > 1"):
+        Engine(model="/nonexistent", tensor_parallel_size=2,
+               speculative_config={"method": "mtp", "num_speculative_tokens": 2, "draft_vocab_size": 64})
+
+
 def test_bad_draft_vocab_file_is_refused(dense, tmp_path):
     bad = tmp_path / "bad.txt"
     bad.write_text("1 2 999999")
