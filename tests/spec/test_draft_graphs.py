@@ -201,3 +201,18 @@ def test_reduced_draft_vocabulary_over_the_int8_lm_head(dense):
     assert {t for step in log for _, d in step for t in d} <= set(e.runner.drafter.draft_ids.tolist())
     assert e.runner.drafter.graphs.num_runs > 0
     assert_clean(e)
+
+
+def test_draft_graphs_through_preemption_forks_and_prefix_hits(dense):
+    """The graph path where sequences are preempted and recompute, forks of n = 3 start drafting, and a second
+    run starts from the prefix cache: tokens unchanged, graph steps taken, nothing leaked."""
+    settings = dict(SETTINGS, num_kv_blocks=24)
+    params = [greedy(20), SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, n=3), greedy(20), greedy(20)]
+    want = tokens(engine(dense, **settings).generate(PROMPTS, params))
+    e = engine(dense, 2, **settings, cuda_graph_sizes=(1, 2, 4, 8))
+    graphs = with_graphs(e)
+    for _ in range(2):
+        assert tokens(e.generate(PROMPTS, params)) == want
+    s = e.stats()
+    assert s["num_preemptions"] > 0 and s["prefix_cache_hits"] > 0 and graphs.num_runs > 0
+    assert_clean(e)
