@@ -31,9 +31,11 @@ SSM_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
 LM_HEAD_QUANT = (None, "int8")
 MTP_METHODS = ("mtp", "qwen3_next_mtp", "qwen3_5_mtp")   # vLLM's names for the checkpoint's own MTP head
 MAX_SPECULATIVE_TOKENS = 8
-# no drafting above this many running sequences until bench/bench_mtp.py measures where it stops paying: a
-# verify step over k+1 rows per sequence turns the memory-bound decode GEMV into a GEMM; by batch 32 a
-# decode step is no longer weight-bound on the H200, so drafts there mostly cost (vLLM leaves it unset)
+# no drafting above this many running sequences: a verify step over k+1 rows per sequence turns the
+# memory-bound decode GEMV into a GEMM; by batch 32 a decode step is no longer weight-bound on the H200, so
+# drafts there mostly cost (vLLM leaves it unset). The rule (bench/NOTES.md, "MTP draft graphs"): the largest
+# batch at which bench/bench_mtp.py's last table shows the real MTP head faster than no MTP on the 27B at
+# k = 3; 32 stands until that run is on full-depth weights with a trained head
 DEFAULT_SPEC_DISABLE_BATCH = 32
 
 
@@ -98,8 +100,10 @@ class EngineConfig:
                                                      "max_num_seqs are dropped); None: 1, 2, 4, 8, 16, 24, ... up to "
                                                      "min(max_num_seqs, 256)")
     speculative_config: dict | None = _help("speculative decoding, vLLM's shape: {\"method\": \"mtp\", "
-                                            "\"num_speculative_tokens\": k (1..8), \"disable_by_batch_size\": N}; "
-                                            "drafts with the checkpoint's MTP head; None: off")
+                                            "\"num_speculative_tokens\": k (1..8), \"disable_by_batch_size\": N, "
+                                            "\"draft_vocab_size\": N, \"draft_vocab_file\": path}; drafts with the "
+                                            "checkpoint's MTP head (draft_vocab_*: its lm_head over N frequent "
+                                            "tokens only, see catengine/spec/vocab.py); None: off")
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> "EngineConfig":
@@ -157,6 +161,9 @@ class EngineConfig:
             raise ConfigError(f"cuda_graph_sizes must be a non-empty list of positive batch sizes (e.g. [1, 2, 4, 8]) "
                               f"or None, got {sizes!r}")
         check_speculative_config(self.speculative_config)
+        if (self.speculative_config or {}).get("draft_vocab_size") and self.tensor_parallel_size > 1:
+            raise ConfigError("speculative_config draft_vocab_size is not supported with tensor_parallel_size > 1 "
+                              "(the lm_head is split by vocabulary there); drop draft_vocab_size or run one rank")
         if (self.max_num_seqs is not None and self.max_num_batched_tokens is not None
                 and self.max_num_batched_tokens < self.max_num_seqs):
             raise ConfigError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
@@ -274,7 +281,7 @@ def check_speculative_config(spec) -> None:
     if not isinstance(spec, dict):
         raise ConfigError(f"speculative_config must be a dict such as {{\"method\": \"mtp\", "
                           f"\"num_speculative_tokens\": 3}} or None, got {spec!r}")
-    known = {"method", "num_speculative_tokens", "disable_by_batch_size"}
+    known = {"method", "num_speculative_tokens", "disable_by_batch_size", "draft_vocab_size", "draft_vocab_file"}
     unknown = sorted(set(spec) - known)
     if unknown:
         raise ConfigError(f"speculative_config keys {unknown} are not supported; use {sorted(known)}")
@@ -289,3 +296,10 @@ def check_speculative_config(spec) -> None:
     n = spec.get("disable_by_batch_size")
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
         raise ConfigError(f"speculative_config disable_by_batch_size must be a positive integer or absent, got {n!r}")
+    v = spec.get("draft_vocab_size")
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+        raise ConfigError(f"speculative_config draft_vocab_size must be a positive integer (the draft lm_head's "
+                          f"token count, e.g. 32768) or absent, got {v!r}")
+    f = spec.get("draft_vocab_file")
+    if f is not None and v is None:
+        raise ConfigError("speculative_config draft_vocab_file needs draft_vocab_size (how many of its ids to keep)")

@@ -12,7 +12,8 @@ the same class, sizes and padding slot on their own model and caches:
   whether it succeeded, and a failure anywhere drops them on all ranks (``graphs_drop``): the runner
   then runs those steps eagerly, every rank alike;
 - ``("graphs_run", gid, host)``: copy the step's host tensors into the static buffers and replay the
-  graph of the same padded size (every rank picks it from the same batch size).
+  graph of the same padded size (every rank picks it from the same batch size); ``("graphs_run_packed", gid,
+  packed)``, the same for a uniform verify step from the inputs rank 0 packed (VerifyGraphs.pack).
 
 gloo collectives cannot be captured: on the CPU the graphs run with ``capture=False`` (their static
 buffers, eagerly), which is how the tests check that every rank gets and acts on the same messages.
@@ -20,6 +21,8 @@ buffers, eagerly), which is how the tests check that every rank gets and acts on
 from __future__ import annotations
 
 import torch
+
+from ..spec.drafter import fill_drafts
 
 
 def build_graphs(executor, cls, local_model, caches, **kwargs):
@@ -59,6 +62,16 @@ class RemoteGraphs:
         seq = ex.send(("graphs_run", self.gid, host))
         return ex.collective(seq, lambda: self.local.run(host))
 
+    def run_items(self, items, drafts: torch.Tensor | None = None) -> torch.Tensor:
+        """A uniform verify step (VerifyGraphs): rank 0 packs the items' inputs, every rank replays from them.
+        Drafts on the device (the draft graphs', which TP > 1 does not capture) go to the items first."""
+        if drafts is not None:
+            fill_drafts(items, drafts)
+        packed = self.local.pack(items)
+        ex = self.executor
+        seq = ex.send(("graphs_run_packed", self.gid, packed))
+        return ex.collective(seq, lambda: self.local.run_packed(*packed))
+
 
 def handle(msg, model, caches: dict, graphs: dict, device, chan, seq) -> None:
     """A worker's side of the messages above."""
@@ -76,5 +89,7 @@ def handle(msg, model, caches: dict, graphs: dict, device, chan, seq) -> None:
         graphs.pop(msg[1], None)
     elif op == "graphs_run":
         graphs[msg[1]].run(msg[2])
+    elif op == "graphs_run_packed":
+        graphs[msg[1]].run_packed(*msg[2])
     else:
         raise RuntimeError(f"unknown tensor-parallel message {op!r}")
