@@ -33,7 +33,7 @@ import torch
 from .config import EngineConfig
 from .cuda_graphs import DecodeGraphs, capture_sizes
 from .memory import MemoryPlan, cuda_cache_budget, plan_memory
-from .models.batch import BatchMetadata, ModelCaches
+from .models.batch import BatchMetadata, ModelCaches, resolve_placeholders
 from .kernels import ops
 from .logprobs import prompt_logprobs
 from .sample_rows import SampleRows, penalty_views, sample_rows
@@ -64,6 +64,35 @@ class RunnerOutput:
     prompt_logprobs: list[tuple[Sequence, int, list[TokenLogprobs]]] = field(default_factory=list)
     # speculative verification: sample row -> the tokens it adds (accepted drafts, then the target's next)
     accepted: dict[int, list[int]] = field(default_factory=dict)
+
+
+class PendingStep:
+    """A launched step: its sampled tokens on the device (``tokens``, one per sample row that the acceptance
+    did not give, which async scheduling feeds to the next step), on their way to the host (a copy into pinned
+    memory behind an event, so that waiting for them does not wait for the step queued after)."""
+
+    def __init__(self, tokens: torch.Tensor | None, output: RunnerOutput):
+        self.tokens, self._output = tokens, output
+        self._host, self._event = tokens, None
+        if tokens is not None and tokens.is_cuda:
+            self._host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+            self._host.copy_(tokens, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+
+    @classmethod
+    def done(cls, output: RunnerOutput) -> "PendingStep":
+        return cls(None, output)
+
+    def result(self) -> RunnerOutput:
+        """The step's RunnerOutput (waits for its tokens, not for any later step)."""
+        out = self._output
+        if self._host is not None:
+            if self._event is not None:
+                self._event.synchronize()
+            out.token_ids, out.logprobs = merge_rows(self._host.tolist(), out.logprobs, out.accepted)
+            self._host = self._event = None
+        return out
 
 
 _I32 = next(code for code in "ilh" if array.array(code).itemsize == 4)   # "i" on every common platform
@@ -160,10 +189,17 @@ class ModelRunner:
         self.model = None
 
     # ------------------------------------------------------------------ one step
-    @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        """Run one step and wait for its tokens."""
+        return self.launch(out).result()
+
+    @torch.inference_mode()
+    def launch(self, out: SchedulerOutput, prev_tokens: torch.Tensor | None = None) -> PendingStep:
+        """Queue one step on the device; its tokens come with :meth:`PendingStep.result`. ``prev_tokens``: the
+        sampled-token tensor of the step before (async scheduling), which the placeholders in ``out``'s token
+        ids index (:mod:`catengine.scheduler.in_flight`)."""
         if out.is_empty:
-            return RunnerOutput([], [])
+            return PendingStep.done(RunnerOutput([], []))
         if out.block_copies:
             self.caches.copy_blocks(out.block_copies)
         for src, dst in out.state_copies:   # in order: a restore may target a slot a fork copy reads first
@@ -180,21 +216,24 @@ class ModelRunner:
                                                                                     out.scheduled):
             hidden = self.verify_graphs.run(host)
         elif not verify and graphs is not None and graphs.can_run(shape, len(out.scheduled), width):
-            hidden = graphs.run(host)
+            hidden = graphs.run(host, prev_tokens)
         else:
-            hidden = self.forward(*self.device_batch(host, shape))
+            input_ids, positions, batch = self.device_batch(host, shape)
+            if prev_tokens is not None:
+                input_ids = resolve_placeholders(input_ids, prev_tokens)
+            hidden = self.forward(input_ids, positions, batch)
         accepted = accept(self.model, hidden, out, self.eos_token_ids) if verify else {}
         rows = without_rows(rows, accepted)
         # structured outputs: on CUDA the forward is queued, not done, so the grammar masks are filled on
         # the CPU while the GPU computes the hidden states (the first wait is for the sampled tokens)
         masks = self._fill_masks(rows)
-        token_ids, logprobs = merge_rows(*self._sample(rows, hidden, masks), accepted)
+        tokens, logprobs = self._sample(rows, hidden, masks)
         prompt_lps = self._prompt_logprobs(out, hidden)
         if self.drafter is not None:
             self.drafter.record(out, hidden, accepted)
         for src, dst in out.state_saves:
             self.caches.copy_state_slot(src, dst)
-        return RunnerOutput(token_ids, logprobs, time.perf_counter() - t0, prompt_lps, accepted)
+        return PendingStep(tokens, RunnerOutput([], logprobs, time.perf_counter() - t0, prompt_lps, accepted))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: BatchMetadata) -> torch.Tensor:
         """The eager model call (prefill, mixed and large batches; every step with ``enforce_eager``)."""
@@ -277,7 +316,7 @@ class ModelRunner:
         rows, last_index, params, seeds, steps = (sample_rows.rows, sample_rows.last_index, sample_rows.params,
                                                   sample_rows.seeds, sample_rows.steps)
         if not rows:
-            return [], []
+            return torch.empty(0, dtype=torch.int64, device=hidden.device), []
         index = torch.tensor(last_index, dtype=torch.int64, device=hidden.device)
         logits = self.model.compute_logits(hidden.index_select(0, index))
         prompts, outputs = penalty_views(rows)
@@ -287,8 +326,7 @@ class ModelRunner:
             if processed is logits:
                 processed = logits.float().clone()
             ops.apply_token_bitmask(processed, masks[1], masks[0])
-        token_ids, logprobs = sample(processed, params, seeds, steps, raw_logits=logits)
-        return token_ids.tolist(), logprobs
+        return sample(processed, params, seeds, steps, raw_logits=logits)
 
     def _prompt_logprobs(self, out: SchedulerOutput, hidden: torch.Tensor):
         """The lm_head over the prompt positions of the requests that asked for prompt logprobs (and no
