@@ -208,3 +208,17 @@ def test_abort_everything_with_a_step_in_flight(tiny_model_dir):
     again = _outputs(engine.generate(PROMPTS[:3], _params()[:3]))
     assert again == _outputs(_engine(tiny_model_dir, False).generate(PROMPTS[:3], _params()[:3]))
     assert_clean(engine)
+
+
+def test_speculative_decoding_keeps_synchronous_steps(tmp_path):
+    # a verify step's accepted count decides the next step: async scheduling stays off while speculating, and
+    # the tokens equal those without speculation
+    from tests.spec.helpers import engine as mtp_engine, write_tiny_mtp_model
+    path = write_tiny_mtp_model(tmp_path)
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    want = _outputs(_engine(path, True).generate(PROMPTS[:4], params))
+    spec = mtp_engine(path, 2, async_scheduling=True, max_model_len=64, block_size=4)
+    assert spec.config.async_scheduling and not spec.step_loop.overlap
+    assert _outputs(spec.generate(PROMPTS[:4], params)) == want
+    assert spec.stats()["spec_decode_num_drafts"] > 0 and spec.step_loop.num_overlapped == 0
+    assert_clean(spec)

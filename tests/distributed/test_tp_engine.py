@@ -211,3 +211,19 @@ def test_tp2_with_mtp_equals_tp1_without(ckpts, moe):
         engine.close()
     assert got == want
     assert stats["spec_decode_num_draft_tokens"] > 0
+
+
+def test_tp2_with_async_scheduling_equals_tp1(ckpts):
+    """RemoteModel gets the step's input ids after the placeholders are resolved on rank 0's device (the
+    forward message carries them): through prefix hits, preemption and n > 1, TP1's synchronous tokens."""
+    path = tiny_checkpoint(ckpts, moe=False)
+    engine = Engine(str(path), tensor_parallel_size=2, async_scheduling=True, **SMALL)
+    try:
+        got = run(engine)
+        stats = engine.stats()
+        overlapped = engine.step_loop.num_overlapped
+        engine.check_integrity()
+    finally:
+        engine.close()
+    assert got == tp1_tokens(path)
+    assert overlapped > 0 and stats["num_preemptions"] > 0 and stats["prefix_cache_hits"] > 0
