@@ -6,7 +6,7 @@ step and read the CUDA allocator (:meth:`_profile_cache_budget`), plan the memor
 up the kernels and capture the decode CUDA graphs (CUDA only; graphs unless ``enforce_eager``). The
 profile and the warm-up run on throw-away caches the runner allocates itself.
 
-Per step (:meth:`ModelRunner.execute`):
+Per step (:meth:`ModelRunner.launch`; :meth:`execute` waits for its tokens too):
 1. the block and state copies the scheduler asked for (fork copies, prefix-hit state restores);
 2. :meth:`host_batch` builds ``input_ids``, ``positions`` and the batch metadata on the host with a
    few vectorised torch ops;
@@ -26,7 +26,7 @@ import array
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -37,11 +37,12 @@ from .models.batch import BatchMetadata, ModelCaches, resolve_placeholders
 from .kernels import ops
 from .logprobs import prompt_logprobs
 from .sample_rows import SampleRows, penalty_views, sample_rows
-from .sampling import SamplingParams, TokenLogprobs, apply_penalties, sample
-from .scheduler import SchedulerOutput, Sequence
+from .sampling import SamplingParams, apply_penalties, sample
+from .scheduler import SchedulerOutput
 from .spec import Drafter, MTPDrafter, accept
 from .spec.graphs import VerifyGraphs, build_verify_graphs
-from .spec.rows import intermediate_slots, intermediate_targets, merge_rows, without_rows
+from .spec.rows import intermediate_slots, intermediate_targets, without_rows
+from .step_result import PendingStep, RunnerOutput
 
 log = logging.getLogger("catengine")
 
@@ -52,47 +53,6 @@ class BatchShape:
     max_query_len: int
     max_seq_len: int
     decode_only: bool     # every sequence brings one token and continues its GDN state
-
-
-@dataclass
-class RunnerOutput:
-    token_ids: list[int]                      # one per sample row (SchedulerOutput row order)
-    logprobs: list[TokenLogprobs | None]      # same rows
-    forward_seconds: float = 0.0
-    # (sequence, position of the first entry, logprobs of its prompt tokens from there), per prompt chunk
-    # of a request with prompt_logprobs
-    prompt_logprobs: list[tuple[Sequence, int, list[TokenLogprobs]]] = field(default_factory=list)
-    # speculative verification: sample row -> the tokens it adds (accepted drafts, then the target's next)
-    accepted: dict[int, list[int]] = field(default_factory=dict)
-
-
-class PendingStep:
-    """A launched step: its sampled tokens on the device (``tokens``, one per sample row that the acceptance
-    did not give, which async scheduling feeds to the next step), on their way to the host (a copy into pinned
-    memory behind an event, so that waiting for them does not wait for the step queued after)."""
-
-    def __init__(self, tokens: torch.Tensor | None, output: RunnerOutput):
-        self.tokens, self._output = tokens, output
-        self._host, self._event = tokens, None
-        if tokens is not None and tokens.is_cuda:
-            self._host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-            self._host.copy_(tokens, non_blocking=True)
-            self._event = torch.cuda.Event()
-            self._event.record()
-
-    @classmethod
-    def done(cls, output: RunnerOutput) -> "PendingStep":
-        return cls(None, output)
-
-    def result(self) -> RunnerOutput:
-        """The step's RunnerOutput (waits for its tokens, not for any later step)."""
-        out = self._output
-        if self._host is not None:
-            if self._event is not None:
-                self._event.synchronize()
-            out.token_ids, out.logprobs = merge_rows(self._host.tolist(), out.logprobs, out.accepted)
-            self._host = self._event = None
-        return out
 
 
 _I32 = next(code for code in "ilh" if array.array(code).itemsize == 4)   # "i" on every common platform

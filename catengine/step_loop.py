@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from .runner import PendingStep
+from .step_result import PendingStep
 from .scheduler import SchedulerOutput, Sequence
 from .scheduler import in_flight
 from .spec.stats import count_spec
@@ -105,6 +105,8 @@ class StepLoop:
             events = sched.update(out, result.token_ids, result.accepted)
         else:
             events = in_flight.resolve(sched, out, result.token_ids)
+            if next_step is not None and not next_step.sync:   # its snapshots of blocks ending in these tokens
+                in_flight.commit_snapshots(sched, next_step.out)
         count_spec(e._counters, out, result.accepted)
         later = None   # next_step's items by sequence, built when a sequence finishes
         now = time.time()

@@ -222,3 +222,33 @@ def test_speculative_decoding_keeps_synchronous_steps(tmp_path):
     assert _outputs(spec.generate(PROMPTS[:4], params)) == want
     assert spec.stats()["spec_decode_num_drafts"] > 0 and spec.step_loop.num_overlapped == 0
     assert_clean(spec)
+
+
+def test_snapshots_of_generated_blocks_serve_the_next_turn(tiny_model_dir):
+    # a decode step that completes a block saves the GDN state there under a key known only when its last token
+    # comes back (UnknownKey): the next turn, prompt + output + more, hits as far as without the overlap
+    got = {}
+    for overlap in (False, True):
+        engine = _engine(tiny_model_dir, overlap, num_state_snapshots=64)
+        first = engine.generate(PROMPTS, _params())
+        saves = engine.scheduler.states.num_saves
+        turn2 = [p + o.outputs[0].token_ids + [5, 6, 7] for p, o in zip(PROMPTS, first)]
+        hits = engine.stats()["prefix_cache_hits"]
+        second = engine.generate(turn2, _params())
+        got[overlap] = (_outputs(first), _outputs(second), saves, engine.stats()["prefix_cache_hits"] - hits)
+        assert_clean(engine)
+    assert got[True] == got[False]
+    # more than the first turn's prompts alone could give (block size 4)
+    assert got[True][3] > sum((len(p) - 1) // 4 * 4 for p in PROMPTS)
+
+
+def test_aborts_at_every_step_leave_no_snapshot_slot_reserved(tiny_model_dir):
+    engine = _engine(tiny_model_dir, True, num_state_snapshots=64)
+    ids = [engine.add_request(None, p, sp) for p, sp in zip(PROMPTS, _params())]
+    for _ in range(12):   # aborts land on all sorts of steps, some with a block-completing decode in flight
+        engine.step()
+        engine.abort(ids.pop())
+    while engine.has_unfinished():
+        engine.step()
+    assert not engine.scheduler.states.pending
+    assert_clean(engine)

@@ -12,6 +12,8 @@ the host never take this path (see catengine/overlap.py).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .request import Sequence
 from .step_types import ScheduledSeq, SchedulerOutput
 
@@ -35,7 +37,7 @@ def advance(sched, out: SchedulerOutput) -> None:
             seq.token_ids.append(placeholder(row))
             seq.num_unresolved += 1
             row += 1
-    commit_snapshots(sched, out)
+    commit_snapshots(sched, out, final=False)
 
 
 def resolve(sched, out: SchedulerOutput, sampled: list[int]) -> list[tuple[Sequence, int, int]]:
@@ -70,10 +72,36 @@ def discard(item: ScheduledSeq) -> None:
         seq.num_unresolved -= 1
 
 
-def commit_snapshots(sched, out: SchedulerOutput) -> None:
-    """The step's state snapshots become visible (or are given back when their block is not cached)."""
+@dataclass(frozen=True, eq=False)
+class UnknownKey:
+    """The key of a state snapshot whose block ends in a placeholder (``seq.token_ids[end - 1]``): the snapshot
+    slot is reserved under this stand-in, unique by identity, and takes the block's key once the token is known."""
+    seq: Sequence
+    end: int
+
+
+def commit_snapshots(sched, out: SchedulerOutput, final: bool = True) -> None:
+    """The step's state snapshots become visible (or are given back when their block is not cached). A snapshot
+    whose block key is unknown waits (``final`` False: the step was just launched) or, on the final call (the
+    step before was resolved), takes its key (:class:`UnknownKey`); one still unknown then is given back (its
+    token never came: not reachable through the engine, which schedules no finished sequence, but a slot
+    must not leak)."""
+    left = []
     for key in out.snapshot_keys:
+        if isinstance(key, UnknownKey):
+            seq, end, bs = key.seq, key.end, sched.block_size
+            if end > seq.num_resolved:
+                if not final:
+                    left.append(key)
+                else:
+                    sched.states.cancel(key)
+                continue
+            real = seq.compute_hashes(end // bs, bs)[end // bs - 1]
+            if not sched.states.rekey(key, real):
+                continue
+            key = real
         if key in sched.blocks.cached:
             sched.states.commit(key)
         else:
             sched.states.cancel(key)
+    out.snapshot_keys = left

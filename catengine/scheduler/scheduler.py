@@ -19,7 +19,7 @@ import itertools
 from ..errors import CapacityExceeded, ContextTooLong, InvalidRequest
 from .block_manager import BlockManager
 from .drafts import commit_verify, take_draft_slots
-from .in_flight import commit_snapshots
+from .in_flight import UnknownKey, commit_snapshots
 from .request import Sequence, SeqStatus
 from .state_cache import StateCache
 from .step_types import ScheduledSeq, SchedulerConfig, SchedulerOutput, SchedulerStats
@@ -262,9 +262,10 @@ class Scheduler:
             samples = 0 if end - m < seq.num_tokens else 1 + len(seq.forks)
             out.scheduled.append(ScheduledSeq(seq, start, num_new, samples, num_drafts=m))
             # a verify step's end depends on the acceptance: it saves no snapshot (generated text only)
-            # nor does a block holding a token still on the GPU (async scheduling): its key is not known yet
-            if self.caching and c.hybrid and end % bs == 0 and not m and end <= seq.num_resolved:
-                key = seq.compute_hashes(end // bs, bs)[end // bs - 1]
+            if self.caching and c.hybrid and end % bs == 0 and not m:
+                # a block ending in a token still on the GPU (async scheduling) gets its key when that comes
+                key = (seq.compute_hashes(end // bs, bs)[end // bs - 1] if end <= seq.num_resolved
+                       else UnknownKey(seq, end))
                 # prompt chunks may evict older snapshots; a decode step only fills a free slot, so
                 # generated text never pushes out the prompt prefixes (system prompts) other requests hit
                 slot = self.states.reserve(key, evict=num_new > 1)
