@@ -60,5 +60,6 @@ def main() -> None:
         print(f"| {batch} | {k:.0f} ({source}) | {sync:.0f} | {sync - k:.0f} ({(sync - k) / sync:.0%}) | {over:.0f} | "
               f"{over - k:.0f} ({(over - k) / over:.0%}) | {over / k:.2f} |")
 
+
 if __name__ == "__main__":
     main()

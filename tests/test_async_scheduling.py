@@ -252,3 +252,21 @@ def test_aborts_at_every_step_leave_no_snapshot_slot_reserved(tiny_model_dir):
         engine.step()
     assert not engine.scheduler.states.pending
     assert_clean(engine)
+
+
+def test_overlap_switched_between_steps(tiny_model_dir):
+    # bench/bench_async_host.py times one engine both ways: a step in flight is finished by the next call either way
+    want = _outputs(_engine(tiny_model_dir, False).generate(PROMPTS, _params()))
+    engine = _engine(tiny_model_dir, True)
+    ids = [engine.add_request(None, p, sp) for p, sp in zip(PROMPTS, _params())]
+    done = {}
+    step = 0
+    while engine.has_unfinished():
+        engine.step_loop.overlap = step % 3 != 2
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+        step += 1
+    assert _outputs([done[i] for i in ids]) == want
+    assert engine.step_loop.num_overlapped > 0
+    assert_clean(engine)

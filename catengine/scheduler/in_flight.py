@@ -8,7 +8,7 @@ tensor; the runner swaps it for the real id on the device when the next step rea
 placeholders. A sequence the engine then finds finished (EOS, stop string, abort) may already be in the next
 step: :func:`discard` undoes that step's :func:`advance` for it, so :meth:`Scheduler.finish` frees what it
 would have freed without the overlap. Steps that fork (n > 1), verify drafts or need the token history on
-the host never take this path (see catengine/overlap.py).
+the host never take this path (catengine/step_loop.py decides).
 """
 from __future__ import annotations
 
