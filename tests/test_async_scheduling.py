@@ -1,7 +1,9 @@
 """Async scheduling (catengine/step_loop.py) gives the synchronous engine's outputs, token for token and delta
 for delta: greedy and seeded sampling, batches of different lengths, stops (stop ids, stop strings, max_tokens)
 at different steps, n > 1, aborts mid-stream, preemption, prefix-cache hits, chunked prefill, the padded decode
-graph buffers, and the synchronous fall-back (penalties, logprobs, grammars). No block or slot leaks."""
+graph buffers, prompt logprobs, generated blocks' snapshots for the next turn, the switch between the modes,
+and the synchronous fall-back (penalties, grammars, speculative decoding). No block or slot leaks.
+tests/scheduler/test_in_flight.py checks the scheduler's half against the model-free runner."""
 from __future__ import annotations
 
 import random
@@ -270,3 +272,18 @@ def test_overlap_switched_between_steps(tiny_model_dir):
     assert _outputs([done[i] for i in ids]) == want
     assert engine.step_loop.num_overlapped > 0
     assert_clean(engine)
+
+
+def test_prompt_logprobs(tiny_model_dir):
+    # chunked prompts (budget 8) with prompt logprobs beside plain requests: the chunks' entries come with the step
+    params = [SamplingParams(temperature=0.0, max_tokens=5, prompt_logprobs=2, ignore_eos=True) if i % 2 else
+              SamplingParams(temperature=0.0, max_tokens=4 + i, ignore_eos=True) for i in range(6)]
+    got = {}
+    for overlap in (False, True):
+        engine = _engine(tiny_model_dir, overlap, max_num_batched_tokens=8)
+        outs = engine.generate(PROMPTS[:6], params)
+        got[overlap] = _outputs(outs), [[(e.token_id, e.logprob, e.rank, e.top) if e is not None else None
+                                         for e in o.prompt_logprobs] for o in outs if o.prompt_logprobs]
+        assert_clean(engine)
+    assert got[True] == got[False] and len(got[True][1]) == 3
+    assert engine.step_loop.num_overlapped > 0

@@ -20,7 +20,7 @@ from ..errors import CapacityExceeded, ContextTooLong, InvalidRequest
 from .block_manager import BlockManager
 from .drafts import commit_verify, take_draft_slots
 from .in_flight import UnknownKey, commit_snapshots
-from .request import Sequence, SeqStatus
+from .request import Sequence, SeqStatus, hash_block
 from .state_cache import StateCache
 from .step_types import ScheduledSeq, SchedulerConfig, SchedulerOutput, SchedulerStats
 
@@ -350,6 +350,13 @@ class Scheduler:
         for seq in self.running:
             assert seq.status is SeqStatus.RUNNING and seq.state_slot is not None, seq
             assert len(seq.block_table) * self.block_size >= seq.num_computed, seq
+        bs = self.block_size
+        for seq in self.running + self.waiting:   # keys are of the real tokens (async scheduling's placeholders)
+            assert len(seq.block_hashes) * bs <= seq.num_resolved, seq
+            parent = None
+            for i, key in enumerate(seq.block_hashes):
+                parent = hash_block(parent, tuple(seq.token_ids[i * bs:(i + 1) * bs]))
+                assert key == parent, (seq, i)
         assert not set(map(id, self.waiting)) & set(map(id, self.running)), "a sequence is waiting and running"
         assert self.waiting == sorted(self.waiting, key=lambda s: s.sort_key), "waiting queue out of FCFS order"
         assert self.running == sorted(self.running, key=lambda s: s.sort_key), "running list out of order"
