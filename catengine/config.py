@@ -99,6 +99,10 @@ class EngineConfig:
     cuda_graph_sizes: tuple[int, ...] | None = _help("decode batch sizes to capture CUDA graphs for (those above "
                                                      "max_num_seqs are dropped); None: 1, 2, 4, 8, 16, 24, ... up to "
                                                      "min(max_num_seqs, 256)")
+    async_scheduling: bool | None = _help("schedule and build step n+1 and finish step n-1 (detokenize, stops, "
+                                          "outputs) while the device runs step n (vLLM's async scheduling); the "
+                                          "same outputs; off while speculating; None: on for CUDA, off on CPU "
+                                          "(nothing to overlap with there)")
     speculative_config: dict | None = _help("speculative decoding, vLLM's shape: {\"method\": \"mtp\", "
                                             "\"num_speculative_tokens\": k (1..8), \"disable_by_batch_size\": N, "
                                             "\"draft_vocab_size\": N, \"draft_vocab_file\": path}; drafts with the "
@@ -140,6 +144,9 @@ class EngineConfig:
                      "enable_expert_parallel", "enable_one_shot_all_reduce"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
+            raise ConfigError(f"async_scheduling must be True, False or None (on for CUDA), got "
+                              f"{self.async_scheduling!r}")
         u = self.gpu_memory_utilization
         if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0.0 < u <= 1.0:
             raise ConfigError(f"gpu_memory_utilization must be in (0, 1], e.g. 0.9; got {u!r}")
@@ -189,8 +196,9 @@ class EngineConfig:
         ssm = dtype_name if self.mamba_ssm_cache_dtype == "auto" else self.mamba_ssm_cache_dtype
         if ssm == "bfloat16" and device.type == "cuda" and not bf16_supported(device):
             raise ConfigError("mamba_ssm_cache_dtype bfloat16 needs an sm_80+ GPU; use float16 or float32")
+        overlap = self.async_scheduling if self.async_scheduling is not None else device.type == "cuda"
         return dataclasses.replace(self, device=str(device), dtype=dtype_name, mamba_ssm_cache_dtype=ssm,
-                                   max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
+                                   max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, async_scheduling=overlap)
 
     @property
     def num_speculative_tokens(self) -> int:

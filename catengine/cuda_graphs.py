@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from .models.batch import BatchMetadata, ModelCaches
+from .models.batch import BatchMetadata, ModelCaches, resolve_placeholders
 
 log = logging.getLogger("catengine")
 
@@ -136,9 +136,10 @@ class DecodeGraphs:
 
     # ------------------------------------------------------------------ replay
     @torch.inference_mode()
-    def run(self, host: dict[str, torch.Tensor]) -> torch.Tensor:
+    def run(self, host: dict[str, torch.Tensor], prev_tokens: torch.Tensor | None = None) -> torch.Tensor:
         """Hidden states [b, H] of a decode step whose inputs are the runner's host tensors
-        (``input_ids``, ``positions``, ``seq_lens``, ``block_tables``, ``slot_mapping``, ``state_slots``)."""
+        (``input_ids``, ``positions``, ``seq_lens``, ``block_tables``, ``slot_mapping``, ``state_slots``);
+        placeholder ids index ``prev_tokens`` (async scheduling: ``runner.resolve_placeholders``)."""
         b = host["seq_lens"].shape[0]
         size = self.padded_size(b)
         width = host["block_tables"].shape[1]
@@ -150,6 +151,8 @@ class DecodeGraphs:
 
         # padding built on the host: one copy per buffer, no fill kernels
         self.input_ids[:size].copy_(padded("input_ids", 0), non_blocking=True)
+        if prev_tokens is not None:
+            self.input_ids[:b].copy_(resolve_placeholders(self.input_ids[:b], prev_tokens))
         self.positions[:size].copy_(padded("positions", 0), non_blocking=True)
         self.seq_lens[:size].copy_(padded("seq_lens", 1), non_blocking=True)
         self.slot_mapping[:size].copy_(padded("slot_mapping", -1), non_blocking=True)

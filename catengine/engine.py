@@ -6,8 +6,9 @@
 Lifecycle of a request (docs/architecture.md has the full walk-through): ``add_request`` ->
 ``prepare_request`` (tokenize, validate, draw seeds) -> ``Scheduler.add`` ... each ``step``:
 ``Scheduler.schedule`` -> ``ModelRunner.execute`` -> ``Scheduler.update`` -> ``Completion.add_token``
-(detokenize, stop checks) -> ``Scheduler.finish`` -> outputs. Not thread-safe: one thread drives an
-Engine (``AsyncEngine`` runs it on its own thread).
+(detokenize, stop checks) -> ``Scheduler.finish`` -> outputs; with async scheduling the host does one
+step's schedule and the previous step's outputs while the device runs (catengine/step_loop.py). Not
+thread-safe: one thread drives an Engine (``AsyncEngine`` runs it on its own thread).
 """
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ from .runner import ModelRunner
 from .sampling import SamplingParams
 from .scheduler import Scheduler, SchedulerConfig
 from .spec.accept import can_draft
-from .spec.stats import check_mtp, count_spec, spec_stats
+from .spec.stats import check_mtp, spec_stats
+from .step_loop import StepLoop
 from .tokenizer import Tokenizer
 
 log = logging.getLogger("catengine")
@@ -107,6 +109,10 @@ class Engine:
         self._finish_reasons = Counter()
         self._grammars = None    # the structured-outputs backend, built on the first request that needs it
         self._grammars_lock = threading.Lock()
+        overlap = cfg.async_scheduling and k == 0
+        if cfg.async_scheduling and k:
+            log.info("async scheduling is off while speculating: a verify step's accepted count decides the next")
+        self.step_loop = StepLoop(self, overlap=overlap)   # synchronous or async scheduling
         log.info("catengine: %s on %s (%s, KV %s); %s%s", path, device, cfg.dtype, cfg.kv_cache_dtype, plan.describe(),
                  f" (each of {cfg.tensor_parallel_size} ranks)" if cfg.tensor_parallel_size > 1 else "")
         log.info("%s", capacity_line(plan, cfg.max_num_seqs, self.runner.graphs.max_batch if self.runner.graphs
@@ -243,45 +249,9 @@ class Engine:
 
     # ------------------------------------------------------------------ stepping
     def _advance(self) -> list[RequestState]:
-        """Run one scheduler step (when there is work); returns the requests that changed."""
-        sched = self.scheduler
-        if sched.has_unfinished():
-            out = sched.schedule()
-            if out.is_empty:
-                raise RuntimeError("the scheduler has work but scheduled nothing; this is a bug")
-            now = time.time()
-            for item in out.scheduled:
-                metrics = self._requests[item.seq.request_id].metrics
-                if metrics.first_scheduled_time is None:
-                    metrics.first_scheduled_time = now
-            result = self.runner.execute(out)
-            for seq, first, entries in result.prompt_logprobs:   # before the tokens: the first delta carries them
-                self._requests[seq.request_id].add_prompt_logprobs(first, entries)
-            events = sched.update(out, result.token_ids, result.accepted)
-            count_spec(self._counters, out, result.accepted)
-            now = time.time()
-            max_len = self.config.max_model_len
-            for seq, token, row in events:
-                if seq.is_finished:
-                    continue   # a stop inside an accepted run of drafts: the tokens after it are dropped
-                state = self._requests[seq.request_id]
-                c = state.completions[seq.index]
-                c.seq = seq
-                seq.grammar = c.grammar   # a fork's first token came from its leader's mask; its own from now on
-                if state.metrics.first_token_time is None:
-                    state.metrics.first_token_time = now
-                    state.num_cached_tokens = seq.num_cached_tokens
-                    self._counters["prompt_tokens_total"] += len(state.prompt_token_ids)
-                state.metrics.last_token_time = now
-                self._counters["generation_tokens_total"] += 1
-                reason = c.add_token(token, result.logprobs[row], max_len, len(state.prompt_token_ids))
-                if reason is not None:
-                    sched.finish(seq, reason)
-                    self._finish_reasons[reason] += 1
-                    if state.finished:
-                        state.metrics.finished_time = now
-                self._touched[state.request_id] = state
-            self._counters["num_steps"] += 1
+        """Run one scheduler step (when there is work; catengine/step_loop.py, synchronous or overlapped with
+        the next); returns the requests that changed."""
+        self.step_loop.advance()
         touched = list(self._touched.values())
         self._touched = {}
         for state in touched:
@@ -386,6 +356,7 @@ class Engine:
         self.abort(list(self._requests))
         self._requests.clear()
         self._touched.clear()
+        self.step_loop.drop()
         self.runner.close()
         self.model = None
         if self.executor is not None:   # stops every rank > 0

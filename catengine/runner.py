@@ -6,7 +6,7 @@ step and read the CUDA allocator (:meth:`_profile_cache_budget`), plan the memor
 up the kernels and capture the decode CUDA graphs (CUDA only; graphs unless ``enforce_eager``). The
 profile and the warm-up run on throw-away caches the runner allocates itself.
 
-Per step (:meth:`ModelRunner.execute`):
+Per step (:meth:`ModelRunner.launch`; :meth:`execute` waits for its tokens too):
 1. the block and state copies the scheduler asked for (fork copies, prefix-hit state restores);
 2. :meth:`host_batch` builds ``input_ids``, ``positions`` and the batch metadata on the host with a
    few vectorised torch ops;
@@ -27,25 +27,26 @@ import array
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from .config import EngineConfig
 from .cuda_graphs import DecodeGraphs, build_graphs, capture_sizes
 from .memory import MemoryPlan, cuda_cache_budget, plan_memory
-from .models.batch import BatchMetadata, ModelCaches
+from .models.batch import BatchMetadata, ModelCaches, resolve_placeholders
 from .kernels import ops
 from .logprobs import prompt_logprobs
 from .sample_rows import SampleRows, penalty_views, sample_rows
-from .sampling import SamplingParams, TokenLogprobs, apply_penalties, sample
-from .scheduler import SchedulerOutput, Sequence
+from .sampling import SamplingParams, apply_penalties, sample
+from .scheduler import SchedulerOutput
 from .spec import Drafter, MTPDrafter, accept
 from .spec.drafter import fill_drafts
 from .spec.draft_graphs import build_draft_graphs
 from .spec.graphs import VerifyGraphs, build_verify_graphs
 from .spec.vocab import draft_vocab_ids
-from .spec.rows import intermediate_slots, intermediate_targets, merge_rows, without_rows
+from .spec.rows import intermediate_slots, intermediate_targets, without_rows
+from .step_result import PendingStep, RunnerOutput
 
 log = logging.getLogger("catengine")
 
@@ -56,18 +57,6 @@ class BatchShape:
     max_query_len: int
     max_seq_len: int
     decode_only: bool     # every sequence brings one token and continues its GDN state
-
-
-@dataclass
-class RunnerOutput:
-    token_ids: list[int]                      # one per sample row (SchedulerOutput row order)
-    logprobs: list[TokenLogprobs | None]      # same rows
-    forward_seconds: float = 0.0
-    # (sequence, position of the first entry, logprobs of its prompt tokens from there), per prompt chunk
-    # of a request with prompt_logprobs
-    prompt_logprobs: list[tuple[Sequence, int, list[TokenLogprobs]]] = field(default_factory=list)
-    # speculative verification: sample row -> the tokens it adds (accepted drafts, then the target's next)
-    accepted: dict[int, list[int]] = field(default_factory=dict)
 
 
 _I32 = next(code for code in "ilh" if array.array(code).itemsize == 4)   # "i" on every common platform
@@ -169,10 +158,17 @@ class ModelRunner:
         self.model = None
 
     # ------------------------------------------------------------------ one step
-    @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        """Run one step and wait for its tokens."""
+        return self.launch(out).result()
+
+    @torch.inference_mode()
+    def launch(self, out: SchedulerOutput, prev_tokens: torch.Tensor | None = None) -> PendingStep:
+        """Queue one step on the device; its tokens come with :meth:`PendingStep.result`. ``prev_tokens``: the
+        sampled-token tensor of the step before (async scheduling), which the placeholders in ``out``'s token
+        ids index (:mod:`catengine.scheduler.in_flight`)."""
         if out.is_empty:
-            return RunnerOutput([], [])
+            return PendingStep.done(RunnerOutput([], []))
         if out.block_copies:
             self.caches.copy_blocks(out.block_copies)
         for src, dst in out.state_copies:   # in order: a restore may target a slot a fork copy reads first
@@ -194,21 +190,24 @@ class ModelRunner:
             graphs = self.graphs
             if not verify and graphs is not None and graphs.can_run(shape, len(out.scheduled),
                                                                     host["block_tables"].shape[1]):
-                hidden = graphs.run(host)
+                hidden = graphs.run(host, prev_tokens)
             else:
-                hidden = self.forward(*self.device_batch(host, shape))
+                input_ids, positions, batch = self.device_batch(host, shape)
+                if prev_tokens is not None:
+                    input_ids = resolve_placeholders(input_ids, prev_tokens)
+                hidden = self.forward(input_ids, positions, batch)
         accepted = accept(self.model, hidden, out, self.eos_token_ids, drafts) if verify else {}
         rows = without_rows(rows, accepted)
         # structured outputs: on CUDA the forward is queued, not done, so the grammar masks are filled on
         # the CPU while the GPU computes the hidden states (the first wait is for the sampled tokens)
         masks = self._fill_masks(rows)
-        token_ids, logprobs = merge_rows(*self._sample(rows, hidden, masks), accepted)
+        tokens, logprobs = self._sample(rows, hidden, masks)
         prompt_lps = self._prompt_logprobs(out, hidden)
         if self.drafter is not None:
             self.drafter.record(out, hidden, accepted)
         for src, dst in out.state_saves:
             self.caches.copy_state_slot(src, dst)
-        return RunnerOutput(token_ids, logprobs, time.perf_counter() - t0, prompt_lps, accepted)
+        return PendingStep(tokens, RunnerOutput([], logprobs, time.perf_counter() - t0, prompt_lps, accepted))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: BatchMetadata) -> torch.Tensor:
         """The eager model call (prefill, mixed and large batches; every step with ``enforce_eager``)."""
@@ -291,7 +290,7 @@ class ModelRunner:
         rows, last_index, params, seeds, steps = (sample_rows.rows, sample_rows.last_index, sample_rows.params,
                                                   sample_rows.seeds, sample_rows.steps)
         if not rows:
-            return [], []
+            return torch.empty(0, dtype=torch.int64, device=hidden.device), []
         index = torch.tensor(last_index, dtype=torch.int64, device=hidden.device)
         logits = self.model.compute_logits(hidden.index_select(0, index))
         prompts, outputs = penalty_views(rows)
@@ -301,8 +300,7 @@ class ModelRunner:
             if processed is logits:
                 processed = logits.float().clone()
             ops.apply_token_bitmask(processed, masks[1], masks[0])
-        token_ids, logprobs = sample(processed, params, seeds, steps, raw_logits=logits)
-        return token_ids.tolist(), logprobs
+        return sample(processed, params, seeds, steps, raw_logits=logits)
 
     def _prompt_logprobs(self, out: SchedulerOutput, hidden: torch.Tensor):
         """The lm_head over the prompt positions of the requests that asked for prompt logprobs (and no

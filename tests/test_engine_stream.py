@@ -5,6 +5,7 @@ import asyncio
 import threading
 
 import pytest
+import torch
 
 from catengine import AsyncEngine, Engine, SamplingParams
 from catengine.errors import ContextTooLong, EngineDead
@@ -36,7 +37,7 @@ def force_tokens(engine: Engine, script: dict[str, list[int]]) -> None:
         for seq, own in sample_rows.rows:
             assert own, "force_tokens scripts requests with n = 1 (no fork rows)"
             ids.append(script[seq.request_id][seq.num_output_tokens])
-        return ids, [None] * len(ids)
+        return torch.tensor(ids, dtype=torch.int64), [None] * len(ids)
     engine.runner._sample = forced
 
 
@@ -177,9 +178,9 @@ def test_engine_failure_marks_it_dead(tiny_model_dir):
     engine = Engine(str(tiny_model_dir), max_model_len=32, block_size=4)
     aengine = AsyncEngine(engine=engine)
 
-    def boom(out):
+    def boom(out, prev_tokens=None):
         raise RuntimeError("device lost")
-    engine.runner.execute = boom
+    engine.runner.launch = boom
     with pytest.raises(EngineDead, match="device lost"):
         collect(aengine, [1, 2, 3], SamplingParams(max_tokens=3))
     assert aengine.is_dead

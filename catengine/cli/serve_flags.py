@@ -41,7 +41,7 @@ IGNORED_WITH_VALUE = ("--attention-backend", "--swap-space", "--load-format",
 IGNORED_FLAGS = ("--trust-remote-code", "--enable-log-requests", "--disable-custom-all-reduce",
                  "--enable-chunked-prefill", "--no-enable-chunked-prefill", "--disable-frontend-multiprocessing",
                  "--disable-fastapi-docs", "--enable-server-load-tracking", "--disable-uvicorn-access-log",
-                 "--async-scheduling", "--enable-force-include-usage")
+                 "--enable-force-include-usage")
 
 # vLLM's speculative methods; catengine drafts with MTP only (the checkpoints' own head)
 MTP_METHODS = ("mtp", "qwen3_next_mtp", "qwen3_5_mtp")
@@ -92,6 +92,10 @@ def add_engine_compat_arguments(p: argparse.ArgumentParser) -> None:
                    help="GDN recurrent state dtype: auto (default: the model dtype), float32, float16 or "
                         "bfloat16; the kernels compute in fp32 and round only the stored state (cost measured "
                         "in bench/NOTES.md: float16 2.5e-4, bfloat16 2.3e-3 mean |delta log p| per token)")
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
+                   default=_field_default("async_scheduling"),
+                   help="schedule step n+1 and finish step n-1 while the GPU runs step n (same outputs); "
+                        "default: on for CUDA, off on CPU; off while speculating")
     p.add_argument("--quantize-lm-head", default=_field_default("quantize_lm_head"), metavar="int8",
                    help="int8: the lm_head as W8A16 (per-row int8, quantised at load); default: as stored")
     p.add_argument("--enable-expert-parallel", action="store_true",
@@ -148,7 +152,7 @@ def engine_compat_kwargs(args: argparse.Namespace) -> dict[str, Any]:
             "enable_expert_parallel": bool(getattr(args, "enable_expert_parallel", False)),
             "enable_one_shot_all_reduce": bool(getattr(args, "enable_one_shot_all_reduce", False)),
             "mamba_ssm_cache_dtype": str(args.mamba_ssm_cache_dtype).lower(), "quantize_lm_head": args.quantize_lm_head,
-            "cuda_graph_sizes": cuda_graph_sizes(args),
+            "cuda_graph_sizes": cuda_graph_sizes(args), "async_scheduling": args.async_scheduling,
             "structured_outputs_backend": structured["backend"],
             "structured_outputs_disable_any_whitespace": structured["disable_any_whitespace"]}
 

@@ -117,3 +117,11 @@ class ModelCaches:
             if isinstance(layer, GDNStateCache):
                 layer.conv[dst].copy_(layer.conv[src])
                 layer.ssm[dst].copy_(layer.ssm[src])
+
+
+def resolve_placeholders(input_ids: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor:
+    """``input_ids`` with each placeholder ``-1 - row`` replaced by ``prev_tokens[row]``, on the device (async
+    scheduling: the host scheduled this step before the previous one's tokens came back)."""
+    if prev_tokens.numel() == 0:
+        return input_ids
+    return torch.where(input_ids < 0, prev_tokens[(-1 - input_ids).clamp_(min=0)], input_ids)

@@ -81,8 +81,9 @@ class BlockManager:
         seq.num_registered = len(blocks)
 
     def register_full_blocks(self, seq: Sequence) -> None:
-        """Offer ``seq``'s fully computed blocks to the prefix cache (after a step ran them)."""
-        full = min(seq.num_computed // self.block_size, len(seq.block_table))
+        """Offer ``seq``'s fully computed blocks to the prefix cache (after a step ran them), up to its first
+        token the host does not know yet (async scheduling's placeholder: its block's key is not known)."""
+        full = min(min(seq.num_computed, seq.num_resolved) // self.block_size, len(seq.block_table))
         if full <= seq.num_registered:
             return
         if not self.enable_caching:

@@ -61,6 +61,9 @@ class Sequence:
     # it holds besides state_slot while it drafts (the verify step writes the state after each token there)
     can_draft: bool = False
     spare_slots: list[int] = field(default_factory=list)
+    # async scheduling: the last num_unresolved entries of token_ids are placeholders (-1 - row: the row of the
+    # in-flight step's sampled tokens that the runner reads on the device) until that step's tokens reach the host
+    num_unresolved: int = 0
 
     # ------------------------------------------------------------------ derived
     @property
@@ -83,6 +86,11 @@ class Sequence:
     def num_pending(self) -> int:
         """Tokens it wants computed: the rest of a prompt, one decode token, or all after preemption."""
         return len(self.token_ids) - self.num_computed
+
+    @property
+    def num_resolved(self) -> int:
+        """Leading tokens whose values the host knows (all but async scheduling's placeholders)."""
+        return len(self.token_ids) - self.num_unresolved
 
     @property
     def reads_prefix_cache(self) -> bool:

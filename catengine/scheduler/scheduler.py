@@ -15,89 +15,14 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from dataclasses import dataclass, field
 
 from ..errors import CapacityExceeded, ContextTooLong, InvalidRequest
 from .block_manager import BlockManager
 from .drafts import commit_verify, take_draft_slots
-from .request import Sequence, SeqStatus
+from .in_flight import UnknownKey, commit_snapshots
+from .request import Sequence, SeqStatus, hash_block
 from .state_cache import StateCache
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    num_blocks: int
-    block_size: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    max_model_len: int
-    enable_prefix_caching: bool = True
-    num_snapshot_slots: int = 0
-    # True when the model has recurrent (GDN) layers: a prefix hit also needs a state snapshot
-    hybrid: bool = True
-    # speculative decoding: draft tokens a decoding sequence may verify per step (0: off), and no drafting in a
-    # step with more running sequences than spec_disable_batch_size
-    num_speculative_tokens: int = 0
-    spec_disable_batch_size: int = 1 << 30
-
-    @property
-    def num_live_slots(self) -> int:
-        """One live state slot per sequence, plus k draft slots for each sequence that can draft at once (no step
-        drafts with more than spec_disable_batch_size sequences running); MemoryPlan.num_live_slots agrees."""
-        return self.max_num_seqs + min(self.max_num_seqs, self.spec_disable_batch_size) * self.num_speculative_tokens
-
-
-@dataclass
-class ScheduledSeq:
-    seq: Sequence
-    start: int          # tokens already computed before this step
-    num_new: int        # tokens computed in this step: seq.token_ids[start : start + num_new]
-    num_samples: int    # 0: a prompt chunk; 1: sample the next token; 1 + forks: a leader's last prompt step
-    # speculative verification: the last num_drafts of the num_new tokens are drafts the runner proposes
-    # (draft_tokens, filled by its drafter before the forward), not yet in seq.token_ids
-    num_drafts: int = 0
-    draft_tokens: list[int] = field(default_factory=list)
-
-    @property
-    def end(self) -> int:
-        return self.start + self.num_new
-
-
-@dataclass
-class SchedulerOutput:
-    scheduled: list[ScheduledSeq]
-    block_copies: list[tuple[int, int]] = field(default_factory=list)   # before the forward (fork)
-    state_copies: list[tuple[int, int]] = field(default_factory=list)   # before the forward, in order
-    state_saves: list[tuple[int, int]] = field(default_factory=list)    # after the forward: live -> snapshot
-    preempted: list[Sequence] = field(default_factory=list)
-    snapshot_keys: list[int] = field(default_factory=list)              # keys of state_saves, same order
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(s.num_new for s in self.scheduled)
-
-    @property
-    def num_sample_rows(self) -> int:
-        return sum(s.num_samples for s in self.scheduled)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
-
-
-@dataclass
-class SchedulerStats:
-    num_running: int
-    num_waiting: int
-    kv_cache_usage: float        # fraction of KV blocks referenced by sequences
-    num_blocks: int
-    num_free_blocks: int         # free + cached-but-unreferenced
-    num_cached_blocks: int
-    num_evictable_blocks: int    # cached and unreferenced: reusable by a prefix hit, reclaimed when needed
-    prefix_cache_queries: int    # tokens looked up (every admission counts its whole token list)
-    prefix_cache_hits: int       # tokens served from the cache
-    num_preemptions: int
-    num_state_snapshots: int
+from .step_types import ScheduledSeq, SchedulerConfig, SchedulerOutput, SchedulerStats
 
 
 class Scheduler:
@@ -266,6 +191,8 @@ class Scheduler:
                     break
                 if seq.status is not SeqStatus.RUNNING or seq in chosen or (seq.num_pending == 1) != decode_pass:
                     continue
+                if seq.num_tokens >= seq.max_total_tokens:
+                    continue   # its last token is still on the GPU (async scheduling): it ends when that comes
                 num_new = self._chunk(seq, seq.num_computed, budget)
                 if decode_pass:
                     # a verify step computes the pending token and its drafts; short of blocks, drop the drafts
@@ -336,7 +263,9 @@ class Scheduler:
             out.scheduled.append(ScheduledSeq(seq, start, num_new, samples, num_drafts=m))
             # a verify step's end depends on the acceptance: it saves no snapshot (generated text only)
             if self.caching and c.hybrid and end % bs == 0 and not m:
-                key = seq.compute_hashes(end // bs, bs)[end // bs - 1]
+                # a block ending in a token still on the GPU (async scheduling) gets its key when that comes
+                key = (seq.compute_hashes(end // bs, bs)[end // bs - 1] if end <= seq.num_resolved
+                       else UnknownKey(seq, end))
                 # prompt chunks may evict older snapshots; a decode step only fills a free slot, so
                 # generated text never pushes out the prompt prefixes (system prompts) other requests hit
                 slot = self.states.reserve(key, evict=num_new > 1)
@@ -356,6 +285,9 @@ class Scheduler:
         row = 0
         for item in out.scheduled:
             seq = item.seq
+            if seq.is_finished:   # ended (stop, abort) while this step ran: async scheduling learns it late
+                row += item.num_samples if not item.num_drafts else 1
+                continue
             if item.num_drafts:
                 for token in commit_verify(seq, item.start, item.num_drafts, accepted[row]):
                     events.append((seq, token, row))
@@ -372,11 +304,7 @@ class Scheduler:
                 events.append((self._fork(seq, i, seed, params, sampled[row + i]), sampled[row + i], row + i))
             seq.forks = []
             row += item.num_samples
-        for key in out.snapshot_keys:
-            if key in self.blocks.cached:
-                self.states.commit(key)
-            else:
-                self.states.cancel(key)
+        commit_snapshots(self, out)
         return events
 
     def _fork(self, parent: Sequence, index: int, seed: int, params, token: int) -> Sequence:
@@ -422,6 +350,13 @@ class Scheduler:
         for seq in self.running:
             assert seq.status is SeqStatus.RUNNING and seq.state_slot is not None, seq
             assert len(seq.block_table) * self.block_size >= seq.num_computed, seq
+        bs = self.block_size
+        for seq in self.running + self.waiting:   # keys are of the real tokens (async scheduling's placeholders)
+            assert len(seq.block_hashes) * bs <= seq.num_resolved, seq
+            parent = None
+            for i, key in enumerate(seq.block_hashes):
+                parent = hash_block(parent, tuple(seq.token_ids[i * bs:(i + 1) * bs]))
+                assert key == parent, (seq, i)
         assert not set(map(id, self.waiting)) & set(map(id, self.running)), "a sequence is waiting and running"
         assert self.waiting == sorted(self.waiting, key=lambda s: s.sort_key), "waiting queue out of FCFS order"
         assert self.running == sorted(self.running, key=lambda s: s.sort_key), "running list out of order"

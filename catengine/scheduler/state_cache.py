@@ -77,6 +77,16 @@ class StateCache:
         self.snapshots[key] = self.pending.pop(key)
         self.num_saves += 1
 
+    def rekey(self, old, key: int) -> bool:
+        """A reservation made before its block's key was known (async scheduling) takes the key; False, the slot
+        given back, when a snapshot of ``key`` exists or is being written."""
+        slot = self.pending.pop(old)
+        if key in self.snapshots or key in self.pending:
+            self.free_snapshots.append(slot)
+            return False
+        self.pending[key] = slot
+        return True
+
     def cancel(self, key: int) -> None:
         """Give back a reserved slot whose snapshot is of no use (its KV block is not cached)."""
         self.free_snapshots.append(self.pending.pop(key))

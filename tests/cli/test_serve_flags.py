@@ -189,3 +189,12 @@ def test_structured_outputs_flags_pick_the_backend():
             serve_cli.engine_kwargs(parse(line))
     with pytest.raises(ConfigError, match="not a JSON object"):
         serve_cli.engine_kwargs(parse("--structured-outputs-config xgrammar"))
+
+
+def test_async_scheduling_flag_reaches_the_config():
+    # vLLM's flag is real now: on, off, or unset (None: the engine's default, on for CUDA)
+    assert serve_cli.engine_kwargs(parse("m --async-scheduling"))["async_scheduling"] is True
+    assert serve_cli.engine_kwargs(parse("m --no-async-scheduling"))["async_scheduling"] is False
+    args = parse("m")
+    assert serve_cli.engine_kwargs(args)["async_scheduling"] is None
+    assert "--async-scheduling" not in args.ignored_flags

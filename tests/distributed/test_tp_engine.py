@@ -310,3 +310,18 @@ def test_one_shot_flag_falls_back_on_gloo_and_no_rank_uses_multicast(ckpts, capl
         "runs on gloo)"]
     assert [r["one_shot"] for r in reports] == [False, False]
     assert all(r["env"] == NO_MULTICAST_ENV for r in reports)
+
+def test_tp2_with_async_scheduling_equals_tp1(ckpts):
+    """RemoteModel gets the step's input ids after the placeholders are resolved on rank 0's device (the
+    forward message carries them): through prefix hits, preemption and n > 1, TP1's synchronous tokens."""
+    path = tiny_checkpoint(ckpts, moe=False)
+    engine = Engine(str(path), tensor_parallel_size=2, async_scheduling=True, **SMALL)
+    try:
+        got = run(engine)
+        stats = engine.stats()
+        overlapped = engine.step_loop.num_overlapped
+        engine.check_integrity()
+    finally:
+        engine.close()
+    assert got == tp1_tokens(path)
+    assert overlapped > 0 and stats["num_preemptions"] > 0 and stats["prefix_cache_hits"] > 0

@@ -33,7 +33,9 @@ class FakeRunner:
         self.hybrid = sched.config.hybrid  # an attention-only model has no recurrent state to check
         self.steps = 0
 
-    def execute(self, out) -> list[int]:
+    def execute(self, out, prev: list[int] | None = None) -> list[int]:
+        """``prev``: the previous step's sampled tokens, which async scheduling's placeholders (``-1 - row``) in
+        the token lists stand for (the device reads them there; the host does not know them yet)."""
         self.steps += 1
         for src, dst in out.block_copies:
             self.kv[dst] = list(self.kv[src])
@@ -42,15 +44,16 @@ class FakeRunner:
         sampled = []
         for item in out.scheduled:
             seq, bs = item.seq, self.bs
+            tokens = [t if t >= 0 else prev[-1 - t] for t in seq.token_ids[:item.end]]
             for p in range(item.start):
-                assert self.kv[seq.block_table[p // bs]][p % bs] == seq.token_ids[p], (seq, p)
+                assert self.kv[seq.block_table[p // bs]][p % bs] == tokens[p], (seq, p)
             if item.start and self.hybrid:
-                assert self.state.get(seq.state_slot) == tuple(seq.token_ids[:item.start]), (seq, item.start)
+                assert self.state.get(seq.state_slot) == tuple(tokens[:item.start]), (seq, item.start)
             for p in range(item.start, item.end):
-                self.kv[seq.block_table[p // bs]][p % bs] = seq.token_ids[p]
-            self.state[seq.state_slot] = tuple(seq.token_ids[:item.end])
+                self.kv[seq.block_table[p // bs]][p % bs] = tokens[p]
+            self.state[seq.state_slot] = tuple(tokens)
             if item.num_samples:
-                ctx = seq.token_ids[:item.end]
+                ctx = tokens
                 seeds = [seq.seed] + [s for s, _ in seq.forks]
                 assert len(seeds) == item.num_samples
                 sampled += [next_token(ctx, s) for s in seeds]

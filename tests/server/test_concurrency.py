@@ -197,7 +197,7 @@ def test_engine_failure_turns_health_503(async_engine_factory):
                         if line:
                             lines.append(line)
                         if len(lines) == 2:
-                            engine.engine.runner.execute = fail
+                            engine.engine.runner.launch = fail
                     return lines
 
         lines = asyncio.run(main())
