@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from ..models.batch import resolve_placeholders
 from ..spec.drafter import fill_drafts
 
 
@@ -57,7 +58,9 @@ class RemoteGraphs:
                 raise error
             raise RuntimeError(f"{self.local.kind} CUDA graph capture failed on {', '.join(failed)}")
 
-    def run(self, host: dict[str, torch.Tensor]) -> torch.Tensor:
+    def run(self, host: dict[str, torch.Tensor], prev_tokens: torch.Tensor | None = None) -> torch.Tensor:
+        if prev_tokens is not None:   # async scheduling: the workers get real ids (rank 0 waits for them here)
+            host = dict(host, input_ids=resolve_placeholders(host["input_ids"], prev_tokens.cpu()))
         ex = self.executor
         seq = ex.send(("graphs_run", self.gid, host))
         return ex.collective(seq, lambda: self.local.run(host))

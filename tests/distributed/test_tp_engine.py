@@ -258,8 +258,8 @@ def test_tp2_with_mtp_equals_tp1_without(ckpts, moe):
     assert stats["spec_decode_num_draft_tokens"] > 0
 
 
-@pytest.mark.parametrize("moe,mtp", [(True, False), (False, True)])
-def test_graph_messages_reach_every_rank(ckpts, moe, mtp):
+@pytest.mark.parametrize("moe,mtp,overlap", [(True, False, False), (False, True, False), (False, False, True)])
+def test_graph_messages_reach_every_rank(ckpts, moe, mtp, overlap):
     """CUDA graphs at TP > 1: every rank builds the same decode (and verify) graphs and replays the same one each
     step. gloo cannot capture, so the graphs run their static buffers eagerly (capture=False): the ranks'
     collectives would hang or the tokens differ if any rank missed or mismatched a message. Greedy tokens equal
@@ -270,7 +270,7 @@ def test_graph_messages_reach_every_rank(ckpts, moe, mtp):
     path = tiny_checkpoint(ckpts, moe=moe, mtp=mtp)
     want = tp1_tokens(path)
     spec = {"speculative_config": {"method": "mtp", "num_speculative_tokens": 2}} if mtp else {}
-    engine = Engine(str(path), tensor_parallel_size=2, **spec, **SMALL)
+    engine = Engine(str(path), tensor_parallel_size=2, async_scheduling=overlap, **spec, **SMALL)
     try:
         runner = engine.runner
         runner.enable_decode_graphs(capture=False)
@@ -281,11 +281,13 @@ def test_graph_messages_reach_every_rank(ckpts, moe, mtp):
         got = run(engine)
         engine.check_integrity()
         worker = engine.executor.reports()[1]["graph_runs"]
+        num_overlapped = engine.step_loop.num_overlapped
     finally:
         engine.close()
     assert got == want
     assert all(g.num_runs > 0 for g in graphs)
     assert worker == {g.gid: g.num_runs for g in graphs}
+    assert not overlap or num_overlapped > 0   # decode graph replays with placeholders resolved on rank 0
 
 
 def test_one_shot_flag_falls_back_on_gloo_and_no_rank_uses_multicast(ckpts, caplog):
