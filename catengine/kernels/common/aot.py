@@ -63,7 +63,9 @@ def compile_config(module, cfg: AotConfig, cc: int) -> dict:
     gluon = _is_gluon(getattr(module, cfg.kernel))
     ptx = k.asm["ptx"]
     has_mma884 = "mma.sync.aligned.m8n8k4" in ptx
+    res = cubin_resources(k.asm["cubin"], k.metadata.name)
     return {"kernel": cfg.kernel, "name": cfg.name, "cc": cc, "gluon": gluon, "shared": k.metadata.shared,
+            "registers": res["registers"], "stack": res["stack"],
             "forbidden": [s for s in SM70_FORBIDDEN_PTX if s in ptx] if cc < 80 else [],
             "mma884": has_mma884,
             "sass_hmma884": sass_has_hmma884(k.asm["cubin"]) if cc < 80 and has_mma884 else None,
