@@ -1,7 +1,10 @@
 """V100 projection from sm_70 SASS, never a claim of measured V100 speed (issue 18).
 
     PYTHONPATH=. python3 bench/v100_projection.py [--out DIR] [--budget-s 200] [--kernels-only]
-    PYTHONPATH=. python3 bench/v100_projection.py --dry-cpu      # CPU: record + compile + count, no timing
+    PYTHONPATH=. python3 bench/v100_projection.py --dry-cpu [--factor 4.27] [--kernels-only] [--only attn,gdn_chunk]
+        # CPU: record (the V100's grids and HMMA.884 choices, arch.RECORD_ONLY_CPU) + compile + count, no timing;
+        # sm_70 SASS needs CATENGINE_SM70_CUOBJDUMP pointing at Triton 3.5/3.6's cuobjdump where Triton is 3.9
+    PYTHONPATH=. python3 bench/v100_projection.py --from-raw OUT/v100_projection_raw.json   # a run's tables again
 
 For every op and shape of the registry (bench/v100_kernels.py) the launches are recorded three times: on the
 H200's own sm_90 row (run, then timed: CUDA-graph replays over three input copies), on the sm_70 row as a V100 gets it (HMMA.884 where the
