@@ -31,9 +31,11 @@ SSM_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
 LM_HEAD_QUANT = (None, "int8")
 MTP_METHODS = ("mtp", "qwen3_next_mtp", "qwen3_5_mtp")   # vLLM's names for the checkpoint's own MTP head
 MAX_SPECULATIVE_TOKENS = 8
-# no drafting above this many running sequences until bench/bench_mtp.py measures where it stops paying: a
-# verify step over k+1 rows per sequence turns the memory-bound decode GEMV into a GEMM; by batch 32 a
-# decode step is no longer weight-bound on the H200, so drafts there mostly cost (vLLM leaves it unset)
+# no drafting above this many running sequences: a verify step over k+1 rows per sequence turns the
+# memory-bound decode GEMV into a GEMM; by batch 32 a decode step is no longer weight-bound on the H200, so
+# drafts there mostly cost (vLLM leaves it unset). The rule (bench/NOTES.md, "MTP draft graphs"): the largest
+# batch at which bench/bench_mtp.py's last table shows the real MTP head faster than no MTP on the 27B at
+# k = 3; 32 stands until that run is on full-depth weights with a trained head
 DEFAULT_SPEC_DISABLE_BATCH = 32
 
 
@@ -82,6 +84,13 @@ class EngineConfig:
                                                             "(vLLM's disable_any_whitespace, server-wide)", False)
     tensor_parallel_size: int = _help("ranks (one process and one GPU each) that split every layer's heads and "
                                       "widths: 1, 2, 4 or 8; on CPU the ranks talk over gloo", 1)
+    enable_expert_parallel: bool = _help("MoE models under tensor parallelism: each rank holds whole routed "
+                                         "experts (num_experts / tensor_parallel_size of them) instead of a slice "
+                                         "of every expert; the shared expert stays split", False)
+    enable_one_shot_all_reduce: bool = _help("TP on CUDA: sum small messages (decode steps, up to 1 MiB of fp32) "
+                                             "with one kernel on torch symmetric memory instead of NCCL; off until "
+                                             "measured; falls back to NCCL (logged) when its set-up fails or times "
+                                             "out", False)
     distributed_executor_backend: str = _help("how the ranks > 0 start: mp (spawned by the engine) or "
                                               "external_launcher (started by torchrun or a cluster launcher with "
                                               "MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE, running "
@@ -91,8 +100,10 @@ class EngineConfig:
                                                      "max_num_seqs are dropped); None: 1, 2, 4, 8, 16, 24, ... up to "
                                                      "min(max_num_seqs, 256)")
     speculative_config: dict | None = _help("speculative decoding, vLLM's shape: {\"method\": \"mtp\", "
-                                            "\"num_speculative_tokens\": k (1..8), \"disable_by_batch_size\": N}; "
-                                            "drafts with the checkpoint's MTP head; None: off")
+                                            "\"num_speculative_tokens\": k (1..8), \"disable_by_batch_size\": N, "
+                                            "\"draft_vocab_size\": N, \"draft_vocab_file\": path}; drafts with the "
+                                            "checkpoint's MTP head (draft_vocab_*: its lm_head over N frequent "
+                                            "tokens only, see catengine/spec/vocab.py); None: off")
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> "EngineConfig":
@@ -125,7 +136,8 @@ class EngineConfig:
             _int(self, "num_state_snapshots")
             if self.num_state_snapshots < 0:
                 raise ConfigError(f"num_state_snapshots must be >= 0 or None, got {self.num_state_snapshots}")
-        for name in ("enable_prefix_caching", "enforce_eager", "structured_outputs_disable_any_whitespace"):
+        for name in ("enable_prefix_caching", "enforce_eager", "structured_outputs_disable_any_whitespace",
+                     "enable_expert_parallel", "enable_one_shot_all_reduce"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
         u = self.gpu_memory_utilization
@@ -149,6 +161,9 @@ class EngineConfig:
             raise ConfigError(f"cuda_graph_sizes must be a non-empty list of positive batch sizes (e.g. [1, 2, 4, 8]) "
                               f"or None, got {sizes!r}")
         check_speculative_config(self.speculative_config)
+        if (self.speculative_config or {}).get("draft_vocab_size") and self.tensor_parallel_size > 1:
+            raise ConfigError("speculative_config draft_vocab_size is not supported with tensor_parallel_size > 1 "
+                              "(the lm_head is split by vocabulary there); drop draft_vocab_size or run one rank")
         if (self.max_num_seqs is not None and self.max_num_batched_tokens is not None
                 and self.max_num_batched_tokens < self.max_num_seqs):
             raise ConfigError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
@@ -266,7 +281,7 @@ def check_speculative_config(spec) -> None:
     if not isinstance(spec, dict):
         raise ConfigError(f"speculative_config must be a dict such as {{\"method\": \"mtp\", "
                           f"\"num_speculative_tokens\": 3}} or None, got {spec!r}")
-    known = {"method", "num_speculative_tokens", "disable_by_batch_size"}
+    known = {"method", "num_speculative_tokens", "disable_by_batch_size", "draft_vocab_size", "draft_vocab_file"}
     unknown = sorted(set(spec) - known)
     if unknown:
         raise ConfigError(f"speculative_config keys {unknown} are not supported; use {sorted(known)}")
@@ -281,3 +296,10 @@ def check_speculative_config(spec) -> None:
     n = spec.get("disable_by_batch_size")
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
         raise ConfigError(f"speculative_config disable_by_batch_size must be a positive integer or absent, got {n!r}")
+    v = spec.get("draft_vocab_size")
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+        raise ConfigError(f"speculative_config draft_vocab_size must be a positive integer (the draft lm_head's "
+                          f"token count, e.g. 32768) or absent, got {v!r}")
+    f = spec.get("draft_vocab_file")
+    if f is not None and v is None:
+        raise ConfigError("speculative_config draft_vocab_file needs draft_vocab_size (how many of its ids to keep)")

@@ -48,6 +48,13 @@ def capture_sizes(explicit, max_num_seqs: int) -> list[int]:
     return sorted({int(b) for b in explicit if b <= max_num_seqs})
 
 
+def build_graphs(cls, model, caches, **kwargs):
+    """``cls(model, caches, **kwargs)``; at TP > 1 the model (a RemoteModel) builds them on every rank, which
+    then capture and replay the same graphs (distributed/graphs.py)."""
+    remote = getattr(model, "build_graphs", None)
+    return remote(cls, caches, **kwargs) if remote is not None else cls(model, caches, **kwargs)
+
+
 class DecodeGraphs:
     kind = "decode"   # in the capture log line
 

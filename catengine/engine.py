@@ -75,7 +75,8 @@ class Engine:
         # TP > 1: rank 0 here (the executor's RemoteModel), the other ranks in their own processes
         self.executor = TPExecutor(path, cfg, device, load_mtp=k > 0) if cfg.tensor_parallel_size > 1 else None
         self.model = self.executor.model if self.executor is not None else \
-            load_model(path, dtype=cfg.torch_dtype, device=device, load_mtp=k > 0)
+            load_model(path, dtype=cfg.torch_dtype, device=device, load_mtp=k > 0,
+                       expert_parallel=cfg.enable_expert_parallel)
         check_mtp(self.model, k, path)
         if cfg.quantize_lm_head:
             self.model.quantize_lm_head(cfg.quantize_lm_head)

@@ -11,7 +11,8 @@ Per step (:meth:`ModelRunner.execute`):
 2. :meth:`host_batch` builds ``input_ids``, ``positions`` and the batch metadata on the host with a
    few vectorised torch ops;
 3. a decode-only batch that a captured graph covers is replayed from it (:mod:`catengine.cuda_graphs`),
-   every other batch goes through :meth:`forward` (the eager model call);
+   every other batch goes through :meth:`forward` (the eager model call); a uniform verify step skips step 2
+   and replays a verify graph from its items (:meth:`catengine.spec.graphs.VerifyGraphs.run_items`);
 4. the hidden state of each sequence's last new token, for sequences whose step ends their pending
    tokens, goes through ``compute_logits``, :func:`apply_penalties` and :func:`sample` (one row per
    completion: a leader finishing its prompt samples its forks' first tokens from the same logits);
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .config import EngineConfig
-from .cuda_graphs import DecodeGraphs, capture_sizes
+from .cuda_graphs import DecodeGraphs, build_graphs, capture_sizes
 from .memory import MemoryPlan, cuda_cache_budget, plan_memory
 from .models.batch import BatchMetadata, ModelCaches
 from .kernels import ops
@@ -40,7 +41,10 @@ from .sample_rows import SampleRows, penalty_views, sample_rows
 from .sampling import SamplingParams, TokenLogprobs, apply_penalties, sample
 from .scheduler import SchedulerOutput, Sequence
 from .spec import Drafter, MTPDrafter, accept
+from .spec.drafter import fill_drafts
+from .spec.draft_graphs import build_draft_graphs
 from .spec.graphs import VerifyGraphs, build_verify_graphs
+from .spec.vocab import draft_vocab_ids
 from .spec.rows import intermediate_slots, intermediate_targets, merge_rows, without_rows
 
 log = logging.getLogger("catengine")
@@ -89,19 +93,22 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None  # captured on CUDA without enforce_eager
         self._bitmasks = None                    # structured outputs' mask buffer, made on first use
         # speculative decoding: proposes the drafts of the steps' verify items (tests swap in their own)
-        self.drafter: Drafter | None = (MTPDrafter(model, self.device)
-                                        if config.num_speculative_tokens and model.mtp is not None else None)
+        self.drafter: Drafter | None = (
+            MTPDrafter(model, self.device, draft_vocab_ids(config.speculative_config, model.config.vocab_size,
+                                                           self.eos_token_ids))
+            if config.num_speculative_tokens and model.mtp is not None else None)
         self.verify_graphs: VerifyGraphs | None = None   # uniform verify steps, captured like decode
         self.memory_plan: MemoryPlan = self._plan_memory(self._profile_cache_budget())
         plan = self.memory_plan
         self.caches = self._allocate(plan.num_blocks, plan.num_state_slots, block_size=plan.block_size)
         if self.device.type == "cuda":
             log.info("warm-up (kernel compilation on a cold cache) took %.1f s", self.warm_up())
-            if config.tensor_parallel_size > 1:   # the graphs would record rank 0's launches only
-                log.info("decode CUDA graphs are not captured with tensor_parallel_size > 1 yet; running eagerly")
-            elif not config.enforce_eager:
+            # at TP > 1 every rank captures and replays the same graphs (distributed/graphs.py)
+            if not config.enforce_eager:
                 self.enable_decode_graphs()
                 self.verify_graphs = build_verify_graphs(self)
+                if isinstance(self.drafter, MTPDrafter):
+                    self.drafter.graphs = build_draft_graphs(self, self.drafter)
 
     # ------------------------------------------------------------------ start-up
     def _profile_cache_budget(self) -> int | None:
@@ -143,7 +150,7 @@ class ModelRunner:
             log.warning("no decode CUDA graph: every cuda_graph_sizes entry %s is above max_num_seqs %d",
                         list(self.config.cuda_graph_sizes), self.config.max_num_seqs)
             return
-        graphs = DecodeGraphs(self.model, self.caches, batch_sizes=sizes,
+        graphs = build_graphs(DecodeGraphs, self.model, self.caches, batch_sizes=sizes,
                               max_model_len=plan.max_model_len, pad_state_slot=plan.pad_state_slot,
                               device=self.device, capture=capture)
         try:
@@ -157,6 +164,8 @@ class ModelRunner:
         """Drop the model, the caches and the graphs (which hold the caches and their memory pool): the
         GPU memory is freed once nothing else references them."""
         self.caches = self.graphs = self.verify_graphs = None
+        if isinstance(self.drafter, MTPDrafter):
+            self.drafter.graphs = None
         self.model = None
 
     # ------------------------------------------------------------------ one step
@@ -171,19 +180,24 @@ class ModelRunner:
         t0 = time.perf_counter()
         if self.drafter is not None:
             self.drafter.propose(out, self.caches)
-        host, shape = self.host_batch(out)
-        verify = "intermediate_state_slots" in host
+        # the MTP draft graph leaves its drafts on the device for the verify graph (None: in draft_tokens)
+        drafts = self.drafter.take_device_drafts() if self.drafter is not None else None
         rows = sample_rows(out)
-        graphs = self.graphs
-        width = host["block_tables"].shape[1]
-        if verify and self.verify_graphs is not None and self.verify_graphs.can_run(shape, len(out.scheduled), width,
-                                                                                    out.scheduled):
-            hidden = self.verify_graphs.run(host)
-        elif not verify and graphs is not None and graphs.can_run(shape, len(out.scheduled), width):
-            hidden = graphs.run(host)
+        if self.verify_graphs is not None and self.verify_graphs.covers(out.scheduled):
+            hidden, verify = self.verify_graphs.run_items(out.scheduled, drafts), True   # no host_batch
         else:
-            hidden = self.forward(*self.device_batch(host, shape))
-        accepted = accept(self.model, hidden, out, self.eos_token_ids) if verify else {}
+            if drafts is not None:
+                fill_drafts(out.scheduled, drafts)
+                drafts = None
+            host, shape = self.host_batch(out)
+            verify = "intermediate_state_slots" in host
+            graphs = self.graphs
+            if not verify and graphs is not None and graphs.can_run(shape, len(out.scheduled),
+                                                                    host["block_tables"].shape[1]):
+                hidden = graphs.run(host)
+            else:
+                hidden = self.forward(*self.device_batch(host, shape))
+        accepted = accept(self.model, hidden, out, self.eos_token_ids, drafts) if verify else {}
         rows = without_rows(rows, accepted)
         # structured outputs: on CUDA the forward is queued, not done, so the grammar masks are filled on
         # the CPU while the GPU computes the hidden states (the first wait is for the sampled tokens)

@@ -9,7 +9,9 @@ Users paste vLLM command lines after ``catengine serve``; every flag of those li
 - **logged and ignored**: the flag only tunes vLLM's internals (attention backend, swap space, partial
   prefills, ...), so it changes nothing a client sees here; one warning line per flag at start;
 - **refused** with a ConfigError naming the flag and why, where catengine lacks the feature and ignoring it
-  would change what the user gets: expert parallelism (tensor parallelism splits every expert instead).
+  would change what the user gets (vLLM's other speculative methods, below).
+
+``--enable-expert-parallel`` is real: ``EngineConfig.enable_expert_parallel`` (whole experts per rank).
 
 Speculative decoding is real: ``--speculative-config`` (vLLM's JSON, method ``mtp`` or vLLM's aliases
 ``qwen3_next_mtp`` / ``qwen3_5_mtp``), ``--num-speculative-tokens`` and ``--speculative-disable-by-batch-size``
@@ -92,7 +94,12 @@ def add_engine_compat_arguments(p: argparse.ArgumentParser) -> None:
                         "in bench/NOTES.md: float16 2.5e-4, bfloat16 2.3e-3 mean |delta log p| per token)")
     p.add_argument("--quantize-lm-head", default=_field_default("quantize_lm_head"), metavar="int8",
                    help="int8: the lm_head as W8A16 (per-row int8, quantised at load); default: as stored")
-    p.add_argument("--enable-expert-parallel", action="store_true", help="refused: not implemented; --tensor-parallel-size splits every expert instead")
+    p.add_argument("--enable-expert-parallel", action="store_true",
+                   help="MoE under --tensor-parallel-size: each GPU holds whole experts (num_experts / N) instead of "
+                        "a slice of every expert")
+    p.add_argument("--enable-one-shot-all-reduce", action="store_true",
+                   help="catengine's own: small tensor-parallel sums on torch symmetric memory (one kernel) instead "
+                        "of NCCL; off by default (not measured yet), falls back to NCCL if its set-up fails")
     p.add_argument("--language-model-only", action="store_true",
                    help="accepted: catengine serves only the language model")
     p.add_argument("--structured-outputs-config", default=None,
@@ -136,12 +143,10 @@ def add_server_compat_arguments(p: argparse.ArgumentParser) -> None:
 
 def engine_compat_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """EngineConfig fields from these flags; ConfigError for the flags catengine refuses."""
-    if getattr(args, "enable_expert_parallel", False):
-        raise ConfigError("--enable-expert-parallel (whole experts per GPU) is not implemented: catengine's "
-                          "--tensor-parallel-size splits every expert's intermediate dimension over the GPUs instead; "
-                          "drop the flag")
     structured = structured_outputs_config(args)
     return {"speculative_config": speculative_config(args),
+            "enable_expert_parallel": bool(getattr(args, "enable_expert_parallel", False)),
+            "enable_one_shot_all_reduce": bool(getattr(args, "enable_one_shot_all_reduce", False)),
             "mamba_ssm_cache_dtype": str(args.mamba_ssm_cache_dtype).lower(), "quantize_lm_head": args.quantize_lm_head,
             "cuda_graph_sizes": cuda_graph_sizes(args),
             "structured_outputs_backend": structured["backend"],

@@ -22,7 +22,7 @@ import torch
 
 from ..errors import CatEngineError, ConfigError, EngineDead
 from .channel import Channel
-from .launch import DistSpec, host_store, make_group, rank_device
+from .launch import DistSpec, host_store, make_group, rank_device, set_no_multicast_env
 from .worker import report, spawned_main
 
 log = logging.getLogger("catengine")
@@ -57,7 +57,9 @@ class TPExecutor:
         from ..models.sharding import check_tp_size
 
         n = config.tensor_parallel_size
-        check_tp_size(ModelConfig.from_pretrained(path), n)   # before any process starts
+        ep = config.enable_expert_parallel
+        check_tp_size(ModelConfig.from_pretrained(path), n, ep)   # before any process starts
+        set_no_multicast_env()   # before any NCCL call here and before the workers are spawned (they inherit it)
         self.world_size, self.procs, self.dead = n, [], None
         self._next_cache, self._freed = 0, []
         if device.type == "cuda" and torch.cuda.device_count() < n:
@@ -83,11 +85,13 @@ class TPExecutor:
         try:
             self.chan = Channel(self.store, 0, n)
             seq = self.chan.send(("init", {"path": str(path), "dtype": config.torch_dtype, "device": str(device),
-                                           "load_mtp": load_mtp}))
+                                           "load_mtp": load_mtp, "expert_parallel": ep,
+                                           "one_shot": config.enable_one_shot_all_reduce}))
             self.chan.replies(seq, self.check_alive)   # every worker is up (a crashed one is seen here)
-            self.group = make_group(self.store, 0, n, rank_device(device, 0))
+            self.group = make_group(self.store, 0, n, rank_device(device, 0), config.enable_one_shot_all_reduce)
             from ..models import load_model
-            local = load_model(path, dtype=config.torch_dtype, device=device, load_mtp=load_mtp, tp=self.group)
+            local = load_model(path, dtype=config.torch_dtype, device=device, load_mtp=load_mtp, tp=self.group,
+                               expert_parallel=ep)
             # the load outcome comes as the reply to a message number no message takes: ``seq + 1`` is the next
             # one sent, read by the workers only after they replied
             for rank, (status, error) in enumerate(self.chan.replies(seq + 1, self.check_alive), 1):
@@ -215,6 +219,11 @@ class RemoteModel:
         ex, hidden = self.executor, hidden.contiguous()
         seq = ex.send(("logits", tuple(hidden.shape), hidden.dtype))
         return ex.collective(seq, lambda: self.local.compute_logits(ex.group.broadcast(hidden)))
+
+    def build_graphs(self, cls, caches: RemoteCaches, **kwargs):
+        """``cls`` (DecodeGraphs, VerifyGraphs) on every rank: see distributed/graphs.py."""
+        from .graphs import build_graphs
+        return build_graphs(self.executor, cls, self.local, caches, **kwargs)
 
     def mtp_forward(self, input_ids, positions, hidden_prev, batch, caches: RemoteCaches):
         ex, hidden_prev = self.executor, hidden_prev.contiguous()

@@ -11,6 +11,7 @@ import torch
 class TPGroup:
     def __init__(self, rank: int, size: int, pg=None):
         self.rank, self.size, self.pg = rank, size, pg
+        self.oneshot = None   # distributed/oneshot.py: small CUDA sums (enable_one_shot_all_reduce)
 
     @classmethod
     def single(cls) -> "TPGroup":
@@ -23,6 +24,8 @@ class TPGroup:
         if self.size == 1:
             return x
         y = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x.contiguous().clone()
+        if self.oneshot is not None and y.is_cuda and y.dtype == torch.float32 and y.numel() <= self.oneshot.max_numel:
+            return self.oneshot(y).to(x.dtype)
         self.pg.allreduce([y]).wait()
         return y.to(x.dtype)
 

@@ -23,6 +23,14 @@ from .group import TPGroup
 COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=5)
 STARTUP_TIMEOUT = datetime.timedelta(minutes=30)
 ENV_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
+# No NVLink multicast (NVLS) anywhere: NCCL's NVLS algorithms, torch symmetric memory and NVSHMEM would
+# each map multicast objects, which the shared GPUs of the device runs must not (issue 23); set in every
+# rank's process before any CUDA or NCCL call, and inherited by spawned workers
+NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def set_no_multicast_env() -> None:
+    os.environ.update(NO_MULTICAST_ENV)
 
 
 @dataclass(frozen=True)
@@ -60,8 +68,9 @@ def join_store(spec: DistSpec) -> dist.TCPStore:
     return dist.TCPStore(spec.master_addr, spec.master_port, spec.world_size, False, timeout=STARTUP_TIMEOUT)
 
 
-def make_group(store: dist.TCPStore, rank: int, size: int, device: torch.device) -> TPGroup:
-    """The TP group over ``store`` (every rank calls this; it returns once all have joined)."""
+def make_group(store: dist.TCPStore, rank: int, size: int, device: torch.device, one_shot: bool = False) -> TPGroup:
+    """The TP group over ``store`` (every rank calls this; it returns once all have joined). ``one_shot``: try
+    the symmetric-memory all-reduce for small messages (distributed/oneshot.py; NCCL / gloo if it fails)."""
     prefixed = dist.PrefixStore("tp", store)
     if device.type == "cuda":
         opts = dist.ProcessGroupNCCL.Options()
@@ -69,7 +78,11 @@ def make_group(store: dist.TCPStore, rank: int, size: int, device: torch.device)
         pg = dist.ProcessGroupNCCL(prefixed, rank, size, opts)
     else:
         pg = dist.ProcessGroupGloo(prefixed, rank, size, COLLECTIVE_TIMEOUT)
-    return TPGroup(rank, size, pg)
+    group = TPGroup(rank, size, pg)
+    if one_shot:
+        from .oneshot import setup
+        group.oneshot = setup(store.host, store.port, rank, size, device, pg)
+    return group
 
 
 def rank_device(device: torch.device, local_rank: int) -> torch.device:

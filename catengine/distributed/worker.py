@@ -22,7 +22,8 @@ import traceback
 import torch
 
 from .channel import Channel
-from .launch import DistSpec, join_store, make_group, rank_device
+from .graphs import handle as graph_message
+from .launch import DistSpec, join_store, make_group, rank_device, set_no_multicast_env
 
 log = logging.getLogger("catengine.distributed")
 
@@ -53,6 +54,7 @@ def _to(value, device: torch.device):
 
 
 def run(spec: DistSpec) -> None:
+    set_no_multicast_env()   # a launcher's worker too, before any CUDA or NCCL call
     store = join_store(spec)
     chan = Channel(store, spec.rank, spec.world_size)
     seq, (op, init) = chan.recv()
@@ -63,17 +65,18 @@ def run(spec: DistSpec) -> None:
     else:   # the ranks of one host share its cores (rank 0 keeps its own setting)
         torch.set_num_threads(max(1, min(torch.get_num_threads(), (os.cpu_count() or 1) // spec.world_size)))
     chan.reply(seq, "joined")   # rank 0 waits for this (watching the processes) before the group forms
-    group = make_group(store, spec.rank, spec.world_size, device)
+    group = make_group(store, spec.rank, spec.world_size, device, init["one_shot"])
     from ..models import load_model
 
     try:
         model = load_model(init["path"], dtype=init["dtype"], device=device, load_mtp=init["load_mtp"],
-                           progress=False, tp=group)
+                           progress=False, tp=group, expert_parallel=init["expert_parallel"])
     except Exception as e:  # noqa: BLE001 (rank 0 raises it: the user sees one error, from the engine)
         chan.reply(seq + 1, ("error", e))
         return
     chan.reply(seq + 1, ("ok", None))
     caches: dict[int, object] = {}
+    graphs: dict[int, object] = {}   # the runner's CUDA graphs, this rank's (distributed/graphs.py)
     with torch.inference_mode():
         while True:
             seq, msg = chan.recv()
@@ -87,6 +90,7 @@ def run(spec: DistSpec) -> None:
             elif op == "free":
                 for cid in msg[1]:
                     caches.pop(cid, None)
+                    graphs.pop(cid, None)
             elif op == "forward":
                 _, cid, ids, pos, batch = msg
                 model(_to(ids, device), _to(pos, device), _to(batch, device), caches[cid])
@@ -101,15 +105,17 @@ def run(spec: DistSpec) -> None:
             elif op == "copy_state":
                 caches[msg[1]].copy_state_slot(msg[2], msg[3])
             elif op == "report":
-                chan.reply(seq, report(model))
+                chan.reply(seq, {**report(model), "graph_runs": {gid: g.num_runs for gid, g in graphs.items()}})
             else:
-                raise RuntimeError(f"unknown tensor-parallel message {op!r}")
+                graph_message(msg, model, caches, graphs, device, chan, seq)
 
 
 def report(model) -> dict:
     """What this rank read and holds (tests and the start-up log)."""
+    from .launch import NO_MULTICAST_ENV
     return {"reads": model.load_reads, "read_bytes": sum(r[-1] for r in model.load_reads),
-            "peak_rss_bytes": peak_rss_bytes()}
+            "peak_rss_bytes": peak_rss_bytes(), "env": {k: os.environ.get(k) for k in NO_MULTICAST_ENV},
+            "one_shot": model.group.oneshot is not None}
 
 
 def peak_rss_bytes() -> int:

@@ -188,11 +188,11 @@ def w8a16_linear(x, qweight, scales):
 
 
 @_op(moe_naive.moe_route)
-def moe_route(router_logits, top_k: int, renormalize: bool = True):
+def moe_route(router_logits, top_k: int, renormalize: bool = True, expert_range: tuple[int, int] | None = None):
     if use_triton(router_logits.device):
         from .moe import route
-        return route.moe_route(router_logits, top_k, renormalize)
-    return moe_naive.moe_route(router_logits, top_k, renormalize)
+        return route.moe_route(router_logits, top_k, renormalize, expert_range)
+    return moe_naive.moe_route(router_logits, top_k, renormalize, expert_range)
 
 
 @_op(moe_naive.fused_moe)

@@ -156,9 +156,10 @@ class SparseMoE:
 
     def __init__(self, cfg: ModelConfig, tp: TPLayout):
         # every rank routes all tokens (the router is replicated) through its slice of every expert's
-        # intermediate dim; the partial sums meet in the decoder layer's all-reduce
+        # intermediate dim, or with expert parallelism through its whole experts only (expert_range: the
+        # other ranks' get id -1, which fused_moe skips); the partial sums meet in the decoder layer's all-reduce
         self.top_k, self.renormalize = cfg.num_experts_per_tok, cfg.norm_topk_prob
-        self.num_experts = cfg.num_experts
+        self.num_experts, self.expert_range = cfg.num_experts, tp.expert_range
         self.router_weight = self.w13 = self.w2 = self.shared_gate_weight = None
         self._merged = None   # router + shared gate rows, see _router_and_gate
         self.shared_expert = MLP(cfg.hidden_size, cfg.shared_expert_intermediate_size // tp.size) \
@@ -194,7 +195,7 @@ class SparseMoE:
         plus the gated shared expert, added in fp32 and handed to the residual add unrounded, since
         in an fp16 model this sum is where activations outgrow 65,504."""
         logits = F.linear(x, self._router_and_gate())
-        weights, ids = ops.moe_route(logits[:, : self.num_experts], self.top_k, self.renormalize)
+        weights, ids = ops.moe_route(logits[:, : self.num_experts], self.top_k, self.renormalize, self.expert_range)
         out = ops.fused_moe(x, self.w13, self.w2, weights, ids)
         if self.shared_expert is not None:
             gate = torch.sigmoid(logits[:, self.num_experts:].float())

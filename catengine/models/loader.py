@@ -22,8 +22,6 @@ import json
 import logging
 import re
 import struct
-import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -34,6 +32,7 @@ from safetensors import safe_open
 from ..errors import ModelLoadError
 from ..kernels.w4a16.packing import QuantizedWeight
 from .model_config import ModelConfig
+from .load_progress import Progress as _Progress
 from .shard_read import Shard, Slicer, read_slice
 from .quant_formats import QUANT_PARTS, awq_to_canonical, ct_to_canonical, matches_skip, module_format
 
@@ -156,8 +155,9 @@ class _Plan:
 
 @dataclass
 class _ExpertSet:
-    num_experts: int
+    num_experts: int            # in the stack: all, or this rank's (expert parallelism)
     pending: int
+    first: int = 0              # the stack's first expert
     gate_up: torch.Tensor | QuantizedWeight | None = None
     down: torch.Tensor | QuantizedWeight | None = None
 
@@ -243,17 +243,23 @@ def _diagnose(plan: _Plan, config: ModelConfig) -> None:
 # ----------------------------------------------------------------------------- streaming
 def iter_checkpoint(path: str | Path, config: ModelConfig, *, device="cpu", dtype: torch.dtype | None = None,
                     progress: bool | str = True, shard: Callable[[str], Shard | None] | None = None,
-                    reads: list | None = None) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
+                    reads: list | None = None, experts: tuple[int, int] | None = None,
+                    ) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
     """Yield normalized ``(name, tensor | QuantizedWeight)`` pairs from the checkpoint at ``path``.
 
     ``dtype`` casts every floating tensor (and quantization scales/zeros) when given. ``progress``: True shows
     a progress line on stderr for checkpoints over 1 GB, "always" for any size, False never. ``shard``
     (tensor parallelism, :meth:`TPLayout.shard`): only that slice of each tensor is read from the file
     (safetensors slices), packed 4-bit tensors cut along their packed dims. ``reads``: a list that gets
-    ``(stored name, dim, ranges, bytes)`` for every read (tests check each slice is read once).
+    ``(stored name, dim, ranges, bytes)`` for every read (tests check each slice is read once). ``experts``
+    (lo, hi), expert parallelism: per-expert tensors of experts outside lo..hi-1 are not read, and the
+    stacks hold experts lo..hi-1 only (``shard`` cuts fused stacks to the same range).
     """
     path = Path(path)
     plan = _plan(path, config)
+    if experts is not None:
+        for s in plan.experts.values():
+            s.first, s.num_experts, s.pending = experts[0], experts[1] - experts[0], 3 * (experts[1] - experts[0])
     device = torch.device(device)
     parts: dict[str, dict[str, torch.Tensor]] = {}
     slicer = Slicer(plan, shard) if shard is not None else None
@@ -261,6 +267,9 @@ def iter_checkpoint(path: str | Path, config: ModelConfig, *, device="cpu", dtyp
         for file, infos in itertools.groupby(plan.tensors, key=lambda t: t.file):
             with _open_safetensors(file) as f:
                 for info in infos:
+                    if experts is not None and not _local_expert(plan, info, experts):
+                        bar.advance(info)
+                        continue
                     cut = slicer.cut(info) if slicer is not None else None
                     tensor = (read_slice(f, info, cut) if cut is not None else f.get_tensor(info.name)).to(device)
                     if slicer is not None:
@@ -293,6 +302,14 @@ def _to_canonical(fmt: str, module: str, got: dict[str, torch.Tensor], dtype) ->
                            got.get("weight_zero_point"), got.get("weight_g_idx"), dtype=dtype, module=module)
 
 
+def _local_expert(plan: _Plan, info: TensorInfo, experts: tuple[int, int]) -> bool:
+    """False for a per-expert tensor of an expert outside ``experts`` (another rank's)."""
+    kind, key = plan.route[info.name]
+    unit = key if kind == "part" else key[: -len(".weight")]
+    where = plan.unit_of.get(unit)
+    return where is None or experts[0] <= where[1] < experts[1]
+
+
 def _emit(plan: _Plan, unit: str | None, name: str, value, device):
     """Yield ``value`` under ``name``, or place it into its stacked expert tensor (yielded when complete)."""
     where = plan.unit_of.get(unit) if unit is not None else None
@@ -302,9 +319,10 @@ def _emit(plan: _Plan, unit: str | None, name: str, value, device):
     key, e, proj = where
     s = plan.experts[key]
     if proj == "down_proj":
-        s.down = _place(s.down, value, e, s.num_experts, 0, key, proj, device)
+        s.down = _place(s.down, value, e - s.first, s.num_experts, 0, key, proj, device)
     else:
-        s.gate_up = _place(s.gate_up, value, e, s.num_experts, 0 if proj == "gate_proj" else 1, key, proj, device)
+        s.gate_up = _place(s.gate_up, value, e - s.first, s.num_experts, 0 if proj == "gate_proj" else 1, key, proj,
+                           device)
     s.pending -= 1
     if s.pending == 0:
         yield f"{key}.gate_up_proj", s.gate_up
@@ -357,41 +375,3 @@ def checkpoint_names(path: str | Path, config: ModelConfig) -> dict[str, str]:
         else:
             out[f"{key}.weight" if q else key] = "quantized" if q else "dense"
     return out
-
-
-class _Progress:
-    """One stderr line: bytes read / total and the shard being read. Shown for checkpoints over 1 GB
-    (``enabled=True``) or always (``enabled="always"``); redrawn in place on a terminal, a line per shard
-    (and every 10 s) otherwise."""
-
-    THRESHOLD = 1 << 30
-
-    def __init__(self, tensors: list[TensorInfo], enabled: bool | str):
-        self.total = sum(t.nbytes for t in tensors)
-        self.files = list(dict.fromkeys(t.file for t in tensors))
-        self.on = enabled == "always" or (bool(enabled) and self.total > self.THRESHOLD)
-        self.stream = sys.stderr
-        self.tty = self.on and self.stream.isatty()
-        self.done, self.last, self.file = 0, 0.0, None
-
-    def __enter__(self) -> "_Progress":
-        return self
-
-    def advance(self, info: TensorInfo) -> None:
-        if not self.on:
-            return
-        self.done += info.nbytes
-        now, new_file = time.monotonic(), info.file != self.file
-        self.file = info.file
-        if not (new_file or self.done == self.total or now - self.last > (0.2 if self.tty else 10.0)):
-            return
-        self.last = now
-        line = (f"catengine: loading {info.file.name} ({self.files.index(info.file) + 1}/{len(self.files)}) "
-                f"{self.done / 1e9:.2f}/{self.total / 1e9:.2f} GB ({100 * self.done / max(self.total, 1):.0f}%)")
-        self.stream.write(f"\r{line}" if self.tty else f"{line}\n")
-        self.stream.flush()
-
-    def __exit__(self, *exc) -> None:
-        if self.tty:
-            self.stream.write("\n")
-            self.stream.flush()

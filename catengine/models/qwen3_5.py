@@ -19,13 +19,15 @@ from .sharding import TPLayout
 class Qwen3_5ForCausalLM:
     """The whole text model. ``__call__`` returns final-norm hidden states; ``compute_logits`` the logits."""
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device, with_mtp: bool = False, tp=None):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device, with_mtp: bool = False, tp=None,
+                 expert_parallel: bool = False):
         """``tp``: the :class:`~catengine.distributed.TPGroup` this rank belongs to (None: one rank). The
         model then holds this rank's shard (``self.layout.shard`` names each tensor's slice, the loader
-        reads only that) and calls the group's collectives; ``config`` stays the whole model's."""
+        reads only that) and calls the group's collectives; ``config`` stays the whole model's.
+        ``expert_parallel``: the rank holds whole routed experts (``layout.expert_range``)."""
         self.config, self.dtype, self.device = config, dtype, torch.device(device)
         self.group = tp if tp is not None else TPGroup.single()
-        self.layout = TPLayout.of(config, self.group.rank, self.group.size)
+        self.layout = TPLayout.of(config, self.group.rank, self.group.size, expert_parallel)
         self.rope_cache = ops.rope_cos_sin_cache(config.max_position_embeddings, config.rotary_dim,
                                                  config.rope_theta, device=self.device)
         self.layers = [DecoderLayer(config, t, self.rope_cache, self.layout, self.group) for t in config.layer_types]

@@ -7,6 +7,10 @@ rows). Row-parallel (split the input dim, then an all-reduce): o_proj, out_proj,
 norms, the router, the shared-expert gate, the MTP fc. KV heads are replicated when there are fewer
 than ranks (rank r reads KV head r // (N / nkv)).
 
+Expert parallelism (``expert_parallel``): the routed experts are not cut; rank r holds whole experts
+r * E / N .. (r + 1) * E / N - 1 (``expert_range``), the fused stacks are cut along the expert dim and
+per-expert tensors of other ranks are not read at all. The shared expert stays column/row parallel.
+
 A :class:`Shard` names ranges along one dim of the tensor as stored densely ([out, in] for a linear;
 a quantized linear is cut in the same logical [N, K] coordinates and the loader maps them onto each
 format's packed dims).
@@ -39,11 +43,20 @@ class TPLayout:
     cfg: ModelConfig
     rank: int = 0
     size: int = 1
+    expert_parallel: bool = False
 
     @classmethod
-    def of(cls, cfg: ModelConfig, rank: int = 0, size: int = 1) -> "TPLayout":
-        check_tp_size(cfg, size)
-        return cls(cfg, rank, size)
+    def of(cls, cfg: ModelConfig, rank: int = 0, size: int = 1, expert_parallel: bool = False) -> "TPLayout":
+        check_tp_size(cfg, size, expert_parallel)
+        return cls(cfg, rank, size, expert_parallel)
+
+    @property
+    def expert_range(self) -> tuple[int, int] | None:
+        """The routed experts this rank holds whole (expert parallelism at TP > 1), else None."""
+        if not self.expert_parallel or self.size == 1:
+            return None
+        n = self.cfg.num_experts // self.size
+        return self.rank * n, (self.rank + 1) * n
 
     # local sizes -------------------------------------------------------------
     @property
@@ -122,6 +135,10 @@ class TPLayout:
         if rest.startswith("shared_expert."):
             inter, rest = c.shared_expert_intermediate_size, rest[len("shared_expert."):]
         elif rest.startswith("experts."):
+            if self.expert_range is not None:
+                # fused stacks [E, ...] by expert; a per-expert tensor is whole (the loader skips other ranks')
+                return Shard(0, (self.expert_range,)) if rest in ("experts.gate_up_proj", "experts.down_proj") \
+                    else None
             inter, rest = c.moe_intermediate_size, re.sub(r"^experts\.(\d+\.)?", "", rest)
             i0, i1 = self.part(inter)
             if rest == "gate_up_proj":          # fused [E, 2I, H], gate rows first
@@ -135,10 +152,19 @@ class TPLayout:
                 "down_proj.weight": Shard(1, ((i0, i1),))}.get(rest)
 
 
-def check_tp_size(cfg: ModelConfig, size: int) -> None:
-    """ConfigError naming the dimension when ``size`` ranks cannot split ``cfg``'s heads and widths."""
+def check_tp_size(cfg: ModelConfig, size: int, expert_parallel: bool = False) -> None:
+    """ConfigError naming the dimension when ``size`` ranks cannot split ``cfg``'s heads and widths
+    (with ``expert_parallel``: its routed experts, whole)."""
     if size not in TP_SIZES:
         raise ConfigError(f"tensor_parallel_size must be one of {TP_SIZES}, got {size!r}")
+    if expert_parallel and not cfg.is_moe:
+        raise ConfigError("enable_expert_parallel needs a mixture-of-experts model; this one has no routed experts, "
+                          "drop the option")
+    if expert_parallel and cfg.num_experts % size:
+        ok = [n for n in TP_SIZES if n < size and cfg.num_experts % n == 0 and _splits(cfg, n, True)]
+        raise ConfigError(f"enable_expert_parallel gives each of the {size} ranks whole experts, but "
+                          f"num_experts={cfg.num_experts} is not divisible by {size}; use tensor_parallel_size "
+                          f"{ok[-1] if ok else 1} or drop enable_expert_parallel")
     if size == 1:
         return
     bad = []
@@ -146,7 +172,7 @@ def check_tp_size(cfg: ModelConfig, size: int) -> None:
                     ("linear_num_key_heads", cfg.linear_num_key_heads),
                     ("linear_num_value_heads", cfg.linear_num_value_heads),
                     ("intermediate_size", cfg.intermediate_size),
-                    ("moe_intermediate_size", cfg.moe_intermediate_size),
+                    ("moe_intermediate_size", 0 if expert_parallel else cfg.moe_intermediate_size),
                     ("shared_expert_intermediate_size", cfg.shared_expert_intermediate_size)):
         if n % size:
             bad.append(f"{what}={n}")
@@ -154,14 +180,14 @@ def check_tp_size(cfg: ModelConfig, size: int) -> None:
     if (nkv >= size and nkv % size) or (nkv < size and size % nkv):
         bad.append(f"num_key_value_heads={nkv} (must divide by, or divide, the rank count)")
     if bad:
-        ok = [n for n in TP_SIZES if n < size and _splits(cfg, n)]
+        ok = [n for n in TP_SIZES if n < size and _splits(cfg, n, expert_parallel)]
         raise ConfigError(f"tensor_parallel_size {size} does not split this model: {', '.join(bad)} "
                           f"not divisible by {size}; use tensor_parallel_size {ok[-1] if ok else 1}")
 
 
-def _splits(cfg: ModelConfig, size: int) -> bool:
+def _splits(cfg: ModelConfig, size: int, expert_parallel: bool = False) -> bool:
     try:
-        check_tp_size(cfg, size)
+        check_tp_size(cfg, size, expert_parallel)
     except ConfigError:
         return False
     return True

@@ -76,11 +76,15 @@ def test_graph_sizes_reach_the_runner():
      "num_speculative_tokens must be an integer in \\[1, 8\\]"),
     ("--speculative-config '{\"method\": \"magic\"}'", "not a vLLM speculative method"),
     ("--speculative-config '{\"num_speculative_tokens\": 2}' --num-speculative-tokens 3", "disagrees"),
-    ("--enable-expert-parallel", "--enable-expert-parallel .*not implemented.*--tensor-parallel-size"),
 ])
 def test_refused_flags_name_themselves_and_why(line, match):
     with pytest.raises(ConfigError, match=match):
         serve_cli.engine_kwargs(parse(line))
+
+
+def test_enable_expert_parallel_is_real():
+    assert serve_cli.engine_kwargs(parse("--enable-expert-parallel"))["enable_expert_parallel"] is True
+    assert serve_cli.engine_kwargs(parse(""))["enable_expert_parallel"] is False
 
 
 @pytest.mark.parametrize("line,want", [("", "auto"), ("--mamba-ssm-cache-dtype float32", "float32"),

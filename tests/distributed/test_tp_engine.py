@@ -97,6 +97,51 @@ def test_each_rank_reads_its_slices_once(ckpts):
             assert reads[0][0] != reads[1][0], name
 
 
+@pytest.mark.parametrize("quant,tp", [(None, 2), (None, 4), ("awq", 2), ("awq", 4), ("compressed-tensors", 2),
+                                      ("compressed-tensors", 4)])
+def test_expert_parallel_greedy_tokens_equal_tp1(ckpts, quant, tp):
+    """Whole experts per rank (routing replicated, other ranks' experts skipped, summed by the all-reduce)."""
+    path = tiny_checkpoint(ckpts, moe=True, quant=quant)
+    want = tp1_tokens(path)
+    engine = Engine(str(path), tensor_parallel_size=tp, enable_expert_parallel=True, **SMALL)
+    try:
+        got = run(engine)
+        assert engine.model.local.layers[0].mlp.expert_range == (0, 8 // tp)
+        engine.check_integrity()
+    finally:
+        engine.close()
+    assert got == want
+
+
+@pytest.mark.parametrize("quant", [None, "awq"])
+def test_expert_parallel_ranks_read_only_their_experts(ckpts, quant):
+    """fp16 stacks are read by expert range, per-expert 4-bit tensors only by the rank holding the expert:
+    every expert's bytes are read exactly once over the ranks, and each rank reads under half the experts'."""
+    import re
+
+    from catengine.models.loader import list_tensors
+
+    path = tiny_checkpoint(ckpts, moe=True, quant=quant)
+    experts = {t.name: t.nbytes for t in list_tensors(path) if ".mlp.experts." in t.name}
+    engine = Engine(str(path), tensor_parallel_size=2, enable_expert_parallel=True, **SMALL)
+    try:
+        reports = engine.executor.reports()
+    finally:
+        engine.close()
+    seen: dict[str, int] = {}
+    for rank, r in enumerate(reports):
+        mine = [read for read in r["reads"] if ".mlp.experts." in read[0]]
+        for name, dim, ranges, nbytes in mine:
+            m = re.search(r"\.experts\.(\d+)\.", name)
+            if m:                       # per expert: only this rank's 4 of 8, whole
+                assert 4 * rank <= int(m[1]) < 4 * (rank + 1) and ranges is None, name
+            else:                       # a fused stack: this rank's experts along dim 0
+                assert (dim, ranges) == (0, ((4 * rank, 4 * (rank + 1)),)), name
+            seen[name] = seen.get(name, 0) + nbytes
+        assert sum(read[-1] for read in mine) == sum(experts.values()) // 2
+    assert seen == experts
+
+
 def test_killed_worker_ends_engine_promptly(ckpts):
     path = tiny_checkpoint(ckpts)
     engine = Engine(str(path), tensor_parallel_size=4, **SMALL)
@@ -211,3 +256,57 @@ def test_tp2_with_mtp_equals_tp1_without(ckpts, moe):
         engine.close()
     assert got == want
     assert stats["spec_decode_num_draft_tokens"] > 0
+
+
+@pytest.mark.parametrize("moe,mtp", [(True, False), (False, True)])
+def test_graph_messages_reach_every_rank(ckpts, moe, mtp):
+    """CUDA graphs at TP > 1: every rank builds the same decode (and verify) graphs and replays the same one each
+    step. gloo cannot capture, so the graphs run their static buffers eagerly (capture=False): the ranks'
+    collectives would hang or the tokens differ if any rank missed or mismatched a message. Greedy tokens equal
+    TP1's, and each worker served exactly the replays rank 0 did, per graph."""
+    from catengine.distributed.graphs import RemoteGraphs
+    from catengine.spec.graphs import build_verify_graphs
+
+    path = tiny_checkpoint(ckpts, moe=moe, mtp=mtp)
+    want = tp1_tokens(path)
+    spec = {"speculative_config": {"method": "mtp", "num_speculative_tokens": 2}} if mtp else {}
+    engine = Engine(str(path), tensor_parallel_size=2, **spec, **SMALL)
+    try:
+        runner = engine.runner
+        runner.enable_decode_graphs(capture=False)
+        if mtp:
+            runner.verify_graphs = build_verify_graphs(runner, capture=False)
+        graphs = [g for g in (runner.graphs, runner.verify_graphs) if g is not None]
+        assert all(isinstance(g, RemoteGraphs) for g in graphs) and len(graphs) == 1 + mtp
+        got = run(engine)
+        engine.check_integrity()
+        worker = engine.executor.reports()[1]["graph_runs"]
+    finally:
+        engine.close()
+    assert got == want
+    assert all(g.num_runs > 0 for g in graphs)
+    assert worker == {g.gid: g.num_runs for g in graphs}
+
+
+def test_one_shot_flag_falls_back_on_gloo_and_no_rank_uses_multicast(ckpts, caplog):
+    """enable_one_shot_all_reduce on the CPU: every rank logs the fall-back once and sums over gloo (TP1's
+    tokens); every rank's process has NVLink multicast off (NCCL, torch symmetric memory, NVSHMEM)."""
+    import logging
+
+    from catengine.distributed.launch import NO_MULTICAST_ENV
+
+    path = tiny_checkpoint(ckpts, moe=False)
+    want = tp1_tokens(path)
+    with caplog.at_level(logging.WARNING, logger="catengine.distributed"):
+        engine = Engine(str(path), tensor_parallel_size=2, enable_one_shot_all_reduce=True, **SMALL)
+    try:
+        got = run(engine)
+        reports = engine.executor.reports()
+    finally:
+        engine.close()
+    assert got == want
+    assert [r.getMessage() for r in caplog.records if "one-shot" in r.getMessage()] == [
+        "one-shot all-reduce is off, falling back to gloo (it needs CUDA (torch symmetric memory); this group "
+        "runs on gloo)"]
+    assert [r["one_shot"] for r in reports] == [False, False]
+    assert all(r["env"] == NO_MULTICAST_ENV for r in reports)

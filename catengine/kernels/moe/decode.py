@@ -15,7 +15,8 @@ K into one-tile programs with the dense GEMV's tiles and half2 weight math
   weight folded into the per-block scale, and the last arrival sums the splits in order and writes
   the output: the weighted combine needs no launch of its own.
 
-Two launches, no atomics on data (only arrival counters, left at zero), so a result does not depend
+An id of -1 (expert parallelism: an expert another rank holds) is skipped by both kernels: no weight is
+read for it and it adds nothing. Two launches, no atomics on data (only arrival counters, left at zero), so a result does not depend
 on scheduling; grids come from shapes only, so the path captures into a CUDA graph. The counters
 belong to the weights (``QuantizedWeight.split_counters``), allocated on first use with room for the
 table's largest decode batch. On sm_90 the down kernel can be a programmatic dependent launch (PDL):
@@ -56,6 +57,10 @@ def moe_up_decode_kernel(x_ptr, w_ptr, s_ptr, z_ptr, id_ptr, h_ptr, part_ptr, co
         tl.extra.cuda.gdc_launch_dependents()
     i_n, i_s, i_row = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_e = tl.load(id_ptr + i_row).to(tl.int64)
+    if i_e < 0:
+        # an expert another rank holds (expert parallelism): the down kernel skips this row, so h stays
+        # unwritten and the split counters untouched
+        return
     o_n = i_n * BN + tl.arange(0, BN)
     m_n = o_n < I
     # this expert's [H // 8, 2I] weight: gate columns o_n, up columns I + o_n
@@ -123,15 +128,16 @@ def moe_down_decode_kernel(h_ptr, w_ptr, s_ptr, z_ptr, id_ptr, tw_ptr, y_ptr, pa
         j = kb // n_ib
         k0 = (kb % n_ib) * 8 * R
         i_e = tl.load(id_ptr + i_t * TOPK + j).to(tl.int64)
-        b_tw = tl.load(tw_ptr + i_t * TOPK + j)
-        b_q, b_a, b_b, b_c = gemv_block_tile(w_ptr + i_e * (I // 8) * H, s_ptr + i_e * (I // G) * H,
-                                             z_ptr + i_e * (I // G) * H, k0, o_n, m_n, H, G, R, SR, F16X2, ASM)
-        # the routing weight rides on the block scale: one multiply per block, not per weight
-        b_c = b_c.to(tl.float32) * b_tw
-        if PDL > 0:
-            tl.extra.cuda.gdc_wait()
-        acc, _, _, _ = gemv_rows(acc, acc, acc, acc, b_q, b_a, b_b, b_c, h_ptr + (i_t * TOPK + j) * I, 0, 0, 1,
-                                 k0, nib, R, SR, 1, F16X2)
+        if i_e >= 0:   # else an expert another rank holds (expert parallelism): nothing to read or add
+            b_tw = tl.load(tw_ptr + i_t * TOPK + j)
+            b_q, b_a, b_b, b_c = gemv_block_tile(w_ptr + i_e * (I // 8) * H, s_ptr + i_e * (I // G) * H,
+                                                 z_ptr + i_e * (I // G) * H, k0, o_n, m_n, H, G, R, SR, F16X2, ASM)
+            # the routing weight rides on the block scale: one multiply per block, not per weight
+            b_c = b_c.to(tl.float32) * b_tw
+            if PDL > 0:
+                tl.extra.cuda.gdc_wait()
+            acc, _, _, _ = gemv_rows(acc, acc, acc, acc, b_q, b_a, b_b, b_c, h_ptr + (i_t * TOPK + j) * I, 0, 0,
+                                     1, k0, nib, R, SR, 1, F16X2)
     if PDL > 0:
         # no store before the up kernel is complete (its scratch may share memory with this one's),
         # whatever the loop ran

@@ -12,7 +12,8 @@ table's row_max. The top-k softmax routing and the token alignment are in :mod:`
   sm_70 row for fp16 W4A16 experts :mod:`.fused_sm70` (HMMA.884, Gluon), where ``tl.dot`` is FMA.
 
 The output is fp32 on every path (the twin's contract): the weighted sum goes to the residual add
-unrounded, since in an fp16 model it can pass 65,504.
+unrounded, since in an fp16 model it can pass 65,504. Expert parallelism: ids of -1 (experts another rank
+holds, from ``moe_route``'s ``expert_range``) are skipped on every path, no weight read for them.
 """
 from __future__ import annotations
 
@@ -158,7 +159,7 @@ def fused_moe(x, w13, w2, topk_weights, topk_ids):
         h, w2_q, w2_s, w2_z, sorted_ids, block_expert, n_post, tw, y, t * top_k, hid, inter,
         h.stride(0), NIB2, A_DIV=1, G=g2, BM=c.BM, BN=c.BN, BK=bk2, QUANT=quant, UP=False,
         INTERPRET=INTERPRET, num_warps=c.num_warps, num_stages=c.num_stages)
-    combine_kernel[(t, triton.cdiv(hid, REDUCE_BLOCK))](y, out, hid, TOPK=top_k, BLOCK=REDUCE_BLOCK,
+    combine_kernel[(t, triton.cdiv(hid, REDUCE_BLOCK))](y, ids, out, hid, TOPK=top_k, BLOCK=REDUCE_BLOCK,
                                                           num_warps=4)
     return out
 
@@ -172,7 +173,7 @@ _ARGS = {
                             "QUANT STAGES",
     "moe_gemm_kernel": "a_ptr w_ptr s_ptr z_ptr sorted_ptr bexp_ptr npost_ptr tw_ptr out_ptr TK N K stride_am nib2 "
                         "A_DIV G BM BN BK QUANT UP INTERPRET",
-    "combine_kernel": "y_ptr out_ptr H TOPK BLOCK",
+    "combine_kernel": "y_ptr id_ptr out_ptr H TOPK BLOCK",
 }
 
 

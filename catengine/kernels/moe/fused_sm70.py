@@ -215,7 +215,7 @@ def fused_moe_sm70(x, w13: QuantizedWeight, w2: QuantizedWeight, topk_weights, t
     # fp32 weighted rows: one expert's output alone can pass 65,504 (the V100 case: fp16, no bf16)
     y = torch.empty((t * top_k, hid), dtype=torch.float32, device=x.device)
     _gemm(h, w2, sorted_ids, block_expert, n_post, tw, y, t * top_k, hid, 1, False, cfg)
-    combine_kernel[(t, triton.cdiv(hid, REDUCE_BLOCK))](y, out, hid, TOPK=top_k, BLOCK=REDUCE_BLOCK, num_warps=4)
+    combine_kernel[(t, triton.cdiv(hid, REDUCE_BLOCK))](y, ids, out, hid, TOPK=top_k, BLOCK=REDUCE_BLOCK, num_warps=4)
     return out
 
 

@@ -83,13 +83,15 @@ def moe_gemm_kernel(a_ptr, w_ptr, s_ptr, z_ptr, sorted_ptr, bexp_ptr, npost_ptr,
 
 
 @triton.jit
-def combine_kernel(y_ptr, out_ptr, H, TOPK: tl.constexpr, BLOCK: tl.constexpr):
+def combine_kernel(y_ptr, id_ptr, out_ptr, H, TOPK: tl.constexpr, BLOCK: tl.constexpr):
     i_t, i_b = tl.program_id(0), tl.program_id(1)
     o_n = i_b * BLOCK + tl.arange(0, BLOCK)
     m_n = o_n < H
     acc = tl.zeros([BLOCK], tl.float32)
     for j in tl.static_range(TOPK):
+        # a row of id -1 (an expert another rank holds) was never computed: align_tokens left it out
+        m_j = (o_n * 0 + tl.load(id_ptr + i_t * TOPK + j)) >= 0
         # [BLOCK]
-        acc += tl.load(y_ptr + (i_t * TOPK + j) * H + o_n, mask=m_n, other=0).to(tl.float32)
+        acc += tl.load(y_ptr + (i_t * TOPK + j) * H + o_n, mask=m_n & m_j, other=0).to(tl.float32)
     tl.store(out_ptr + i_t * H + o_n, acc.to(out_ptr.dtype.element_ty), mask=m_n)
 

@@ -14,13 +14,20 @@ from ..norm.naive import silu_mul
 from ..w4a16.packing import QuantizedWeight, dequantize
 
 
-def moe_route(router_logits, top_k: int, renormalize: bool = True):
+def moe_route(router_logits, top_k: int, renormalize: bool = True, expert_range: tuple[int, int] | None = None):
     """Softmax over all experts in fp32, top-k, optional renormalisation of the chosen weights.
-    router_logits: [T, E] -> (topk_weights fp32 [T, k], topk_ids int32 [T, k])."""
+    router_logits: [T, E] -> (topk_weights fp32 [T, k], topk_ids int32 [T, k]).
+
+    ``expert_range`` (lo, hi), expert parallelism: this rank holds experts lo..hi-1 only. The choice and
+    the weights are the whole model's; ids come back local (id - lo), and -1 for an expert held elsewhere,
+    which :func:`fused_moe` skips."""
     probs = router_logits.float().softmax(-1)
     w, ids = probs.topk(top_k, dim=-1)
     if renormalize:
         w = w / w.sum(-1, keepdim=True)
+    if expert_range is not None:
+        lo, hi = expert_range
+        ids = torch.where((ids >= lo) & (ids < hi), ids - lo, -1)
     return w, ids.to(torch.int32)
 
 
@@ -37,10 +44,13 @@ def fused_moe(x, w13, w2, topk_weights, topk_ids):
     x: [T, H]; w13: dense [E, 2I, H] (gate rows first) or QuantizedWeight [E, H//8, 2I];
     w2: dense [E, H, I] or QuantizedWeight [E, I//8, H]. Returns [T, H] fp32: the weighted sum is
     never rounded to x.dtype (in fp16 it can outgrow 65,504; the model adds it to an fp32 residual).
+    An id of -1 (an expert another rank holds, see :func:`moe_route`) contributes nothing.
     """
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     ids = topk_ids.long()
     for e in ids.unique().tolist():
+        if e < 0:
+            continue
         tok, slot = (ids == e).nonzero(as_tuple=True)
         h = x[tok].float() @ _expert_matrix(w13, e, torch.float32)
         h = silu_mul(h)
@@ -55,23 +65,29 @@ def align_tokens(topk_ids, num_experts: int, block: int):
     Returns (sorted_ids [max_blocks * block] int32 holding flat ids t * top_k + j, in flat order within each
     expert, padding = T * top_k; block_expert [max_blocks] int32, -1 past the end; n_post [1] int32, the
     padded length), max_blocks = ceil(T * top_k / block) + min(E, T * top_k). Sizes are upper bounds known
-    on the host, so nothing waits for the device."""
+    on the host, so nothing waits for the device. Rows of id -1 (experts held by another rank) are left
+    out, as if they were not there."""
     flat = topk_ids.reshape(-1).long()
     tk = flat.numel()
     dev = flat.device
+    # rows of other ranks' experts sort last, as a bin E that gets no blocks
+    key = torch.where(flat >= 0, flat, num_experts)
     # scatter_add rather than bincount: bincount reads the maximum back to the host (a sync that
     # also breaks CUDA graph capture)
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
+    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=dev).scatter_add_(0, key, torch.ones_like(key))
     blocks = (counts + block - 1) // block
+    blocks[num_experts] = 0
     blk_end = blocks.cumsum(0)
-    order = torch.argsort(flat, stable=True)
-    sorted_e = flat[order]
+    order = torch.argsort(key, stable=True)
+    sorted_e = key[order]
     rank = torch.arange(tk, device=dev) - (counts.cumsum(0) - counts)[sorted_e]
     dest = (blk_end - blocks)[sorted_e] * block + rank
     max_blocks = -(-tk // block) + min(num_experts, tk)
-    sorted_ids = torch.full((max_blocks * block,), tk, dtype=torch.int32, device=dev)
-    sorted_ids[dest] = order.to(torch.int32)
-    be = torch.searchsorted(blk_end, torch.arange(max_blocks, device=dev), right=True)
+    sorted_ids = torch.full((max_blocks * block + 1,), tk, dtype=torch.int32, device=dev)
+    # other ranks' rows all go to the spare last element, dropped below
+    sorted_ids[torch.where(sorted_e < num_experts, dest, max_blocks * block)] = order.to(torch.int32)
+    sorted_ids = sorted_ids[:-1]
+    be = torch.searchsorted(blk_end[:num_experts].contiguous(), torch.arange(max_blocks, device=dev), right=True)
     block_expert = torch.where(be < num_experts, be, -1).to(torch.int32)
     n_post = (blk_end[-1:] * block).to(torch.int32)
     return sorted_ids, block_expert, n_post

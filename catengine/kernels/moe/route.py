@@ -14,7 +14,7 @@ from ..common.aot import AotConfig
 
 # ---------------------------------------------------------------- routing
 @triton.jit
-def _route_kernel(logit_ptr, w_ptr, id_ptr, T, E, stride_t, TOPK: tl.constexpr, BT: tl.constexpr,
+def _route_kernel(logit_ptr, w_ptr, id_ptr, T, E, stride_t, lo, hi, TOPK: tl.constexpr, BT: tl.constexpr,
                   BE: tl.constexpr, KP: tl.constexpr, RENORM: tl.constexpr):
     i_t = tl.program_id(0)
     o_t = i_t * BT + tl.arange(0, BT)
@@ -36,16 +36,21 @@ def _route_kernel(logit_ptr, w_ptr, id_ptr, T, E, stride_t, TOPK: tl.constexpr, 
         b_p = tl.where(o_e[None, :] == i_max[:, None], -1.0, b_p)
     if RENORM:
         b_w = b_w / tl.sum(b_w, axis=1)[:, None]
+    # expert parallelism: local ids, -1 for experts of other ranks (lo, hi = 0, E: all local)
+    b_i = tl.where((b_i >= lo) & (b_i < hi), b_i - lo, -1)
     m_out = m_t[:, None] & (o_j[None, :] < TOPK)
     tl.store(w_ptr + o_t[:, None] * TOPK + o_j[None, :], b_w, mask=m_out)
     tl.store(id_ptr + o_t[:, None] * TOPK + o_j[None, :], b_i, mask=m_out)
 
 
-def moe_route(router_logits, top_k: int, renormalize: bool = True):
+def moe_route(router_logits, top_k: int, renormalize: bool = True, expert_range: tuple[int, int] | None = None):
     """Triton twin of :func:`catengine.kernels.moe.naive.moe_route`."""
     t, e = router_logits.shape
     if not 0 < top_k <= e:
         raise ConfigError(f"moe_route: top_k={top_k} must be in 1..{e} (the number of experts)")
+    lo, hi = expert_range if expert_range is not None else (0, e)
+    if not 0 <= lo < hi <= e:
+        raise ConfigError(f"moe_route: expert_range {expert_range} must lie within 0..{e} (the number of experts)")
     w = torch.empty((t, top_k), dtype=torch.float32, device=router_logits.device)
     ids = torch.empty((t, top_k), dtype=torch.int32, device=router_logits.device)
     if t:
@@ -54,7 +59,7 @@ def moe_route(router_logits, top_k: int, renormalize: bool = True):
         # 3.4 us a call for one token on the H200 (bench_moe.py, 16 calls in one CUDA graph; a graph of
         # a single call measured 17.6 us, the graph launch included)
         bt = 1
-        _route_kernel[(triton.cdiv(t, bt),)](logits, w, ids, t, e, logits.stride(0), TOPK=top_k, BT=bt,
+        _route_kernel[(triton.cdiv(t, bt),)](logits, w, ids, t, e, logits.stride(0), lo, hi, TOPK=top_k, BT=bt,
                                              BE=triton.next_power_of_2(e), KP=triton.next_power_of_2(top_k),
                                              RENORM=renormalize, num_warps=1)
     return w, ids
@@ -74,8 +79,9 @@ def _align_kernel(id_ptr, sorted_ptr, bexp_ptr, npost_ptr, scratch_ptr, TK, E, M
     o_e = tl.arange(0, BE)
     m_t = o_t < TK
     b_id = tl.load(id_ptr + o_t, mask=m_t, other=0).to(tl.int32)
-    # expert-major, flat index minor: the twin's stable argsort; rows past TK sort last as expert E
-    b_key = tl.sort(tl.where(m_t, b_id, E) * BT + o_t, 0)
+    # expert-major, flat index minor: the twin's stable argsort; rows past TK, and rows of experts other
+    # ranks hold (id -1, expert parallelism), sort last as expert E and are dropped
+    b_key = tl.sort(tl.where(m_t & (b_id >= 0), b_id, E) * BT + o_t, 0)
     s_e, s_i = b_key // BT, b_key % BT
     m_real = s_e < E
     p_start, p_end, p_se, p_off = scratch_ptr, scratch_ptr + BE, scratch_ptr + 2 * BE, scratch_ptr + 2 * BE + BT
@@ -109,7 +115,8 @@ def _align_kernel(id_ptr, sorted_ptr, bexp_ptr, npost_ptr, scratch_ptr, TK, E, M
 def align_tokens(topk_ids, num_experts: int, block: int):
     """Triton twin of :func:`catengine.kernels.moe.naive.align_tokens` (same signature and results): one
     launch (and no host sync), so a CUDA graph captures it; above ALIGN_MAX_ROWS rows (long prefills, where
-    the grouped GEMMs dwarf the routing) the twin's torch ops run instead."""
+    the grouped GEMMs dwarf the routing) the twin's torch ops run instead. Ids of -1 (other ranks' experts)
+    are left out."""
     tk = topk_ids.numel()
     if tk > ALIGN_MAX_ROWS or tk == 0:
         from .naive import align_tokens as twin
@@ -129,7 +136,7 @@ def align_tokens(topk_ids, num_experts: int, block: int):
 
 
 # ---------------------------------------------------------------- ahead-of-time list
-_ROUTE_ARGS = "logit_ptr w_ptr id_ptr T E stride_t TOPK BT BE KP RENORM"
+_ROUTE_ARGS = "logit_ptr w_ptr id_ptr T E stride_t lo hi TOPK BT BE KP RENORM"
 
 
 def aot_configs(cc: int) -> list[AotConfig]:

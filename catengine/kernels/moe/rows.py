@@ -5,7 +5,8 @@
 and up, and stores ``silu(gate) * up``. ``moe_down_row_kernel`` treats a token's top_k experts as one K
 dimension of length top_k * I (K-block b belongs to expert slot b // (I / BK)), so a single GEMV-style pass
 applies the routing weights and sums the experts in a fixed order: two launches, no atomics, only chosen
-experts read.
+experts read. An id of -1 (expert parallelism: an expert another rank holds) gives a zero h row and no weight
+reads.
 """
 from __future__ import annotations
 
@@ -29,6 +30,11 @@ def moe_up_row_kernel(x_ptr, w_ptr, s_ptr, z_ptr, id_ptr, h_ptr, H, I, stride_xm
     i_e = tl.load(id_ptr + i_row).to(tl.int64)
     o_n = i_n * BN + tl.arange(0, BN)
     m_n = o_n < I
+    if i_e < 0:
+        # an expert another rank holds (expert parallelism): a zero row, which the down pass reads
+        # against masked-out (zero) weights
+        tl.store(h_ptr + i_row * I + o_n, tl.zeros([BN], h_ptr.dtype.element_ty), mask=m_n)
+        return
     p_x = x_ptr + (i_row // TOPK) * stride_xm
     if QUANT:
         o_r = tl.arange(0, BK // 8)
@@ -70,9 +76,10 @@ def moe_up_row_kernel(x_ptr, w_ptr, s_ptr, z_ptr, id_ptr, h_ptr, H, I, stride_xm
 def _down_tile_load(w_ptr, s_ptr, z_ptr, b_ids, o_j, kb, kb_end, n_ib, o_r, o_n, m_n, H, I,
                     G: tl.constexpr, BK: tl.constexpr):
     """Tile kb of a token's concatenated experts: expert slot kb // n_ib, rows (kb % n_ib) * BK..;
-    zeros from kb_end on."""
+    zeros from kb_end on and for an expert another rank holds (id -1: nothing read)."""
     i_e = tl.sum(tl.where(o_j == kb // n_ib, b_ids, 0)).to(tl.int64)
-    k_end = tl.where(kb < kb_end, I, 0)
+    k_end = tl.where((kb < kb_end) & (i_e >= 0), I, 0)
+    i_e = tl.maximum(i_e, 0)
     return gemv_tile_load(w_ptr + i_e * (I // 8) * H, s_ptr + i_e * (I // G) * H, z_ptr + i_e * (I // G) * H,
                           (kb % n_ib) * BK, k_end, o_r, o_n, m_n, H, G)
 
@@ -88,6 +95,7 @@ def moe_down_row_kernel(h_ptr, w_ptr, s_ptr, z_ptr, id_ptr, tw_ptr, y_ptr, part_
     # [KP] this token's experts and routing weights
     b_ids = tl.load(id_ptr + i_t * TOPK + o_j, mask=o_j < TOPK, other=0)
     b_tws = tl.load(tw_ptr + i_t * TOPK + o_j, mask=o_j < TOPK, other=0)
+    b_tws = tl.where(b_ids >= 0, b_tws, 0.0)
     n_ib = I // BK
     kb_per = tl.cdiv(TOPK * n_ib, SPLIT_K)
     kb_end = tl.minimum(kb_per * (i_s + 1), TOPK * n_ib)
@@ -123,8 +131,9 @@ def moe_down_row_kernel(h_ptr, w_ptr, s_ptr, z_ptr, id_ptr, tw_ptr, y_ptr, part_
             i_e = tl.sum(tl.where(o_j == j, b_ids, 0)).to(tl.int64)
             # [BK]
             b_x = tl.load(h_ptr + (i_t * TOPK + j) * I + i0 + o_k).to(tl.float32) * b_tw
-            # [BN, BK]
-            b_w = tl.load(w_ptr + i_e * H * I + o_n[:, None] * I + (i0 + o_k)[None, :], mask=m_n[:, None], other=0)
+            # [BN, BK]; nothing read for an expert another rank holds (id -1)
+            b_w = tl.load(w_ptr + tl.maximum(i_e, 0) * H * I + o_n[:, None] * I + (i0 + o_k)[None, :],
+                          mask=(m_n & (o_n * 0 + i_e >= 0))[:, None], other=0)
             acc += b_w.to(tl.float32) * b_x[None, :]
     b_y = tl.sum(acc, axis=1)
     if SPLIT_K == 1:

@@ -97,6 +97,23 @@ def test_route(t, e, k, renorm, dtype):
 def test_route_rejects_bad_top_k():
     with pytest.raises(ConfigError, match="top_k"):
         route.moe_route(torch.randn(2, 4), 5)
+    with pytest.raises(ConfigError, match="expert_range"):
+        route.moe_route(torch.randn(2, 4), 2, True, (2, 5))
+
+
+@pytest.mark.parametrize("t,e,k,lo,hi", [(5, 10, 3, 0, 5), (5, 10, 3, 5, 10), (3, 256, 8, 64, 128)])
+def test_route_expert_range(t, e, k, lo, hi):
+    """Expert parallelism: the same choice and weights as the whole router, ids local to lo..hi-1 and -1
+    for the other ranks' experts."""
+    g = torch.Generator().manual_seed(t * e + lo)
+    logits = torch.stack([torch.randperm(e, generator=g) for _ in range(t)]).float().mul(0.25).half()
+    w, ids = route.moe_route(logits, k, True, (lo, hi))
+    rw, rids = reference.moe_route(logits, k, True, (lo, hi))
+    fw, fids = reference.moe_route(logits, k, True)
+    assert torch.equal(ids, rids) and torch.equal(rw, fw)
+    torch.testing.assert_close(w, rw, rtol=1e-5, atol=1e-6)
+    local = (fids >= lo) & (fids < hi)
+    assert torch.equal(rids, torch.where(local, fids - lo, -1)) and (~local).any()
 
 
 @pytest.mark.parametrize("quant,group,symmetric,dtype", [
@@ -224,6 +241,67 @@ def test_align_kernel_equals_twin(t, k, e, block):
             assert g.dtype == torch.int32 and torch.equal(g.cpu(), w), (skew, g, w)
 
 
+@pytest.mark.parametrize("t,k,e,block", [(1, 2, 4, 16), (8, 8, 64, 16), (33, 2, 16, 64), (300, 8, 64, 32)])
+def test_align_kernel_equals_twin_with_other_ranks_experts(t, k, e, block):
+    """Ids of -1 (experts another rank holds) are left out by both, identically; all -1 gives no block."""
+    gen = torch.Generator().manual_seed(t + e)
+    ids = torch.stack([torch.randperm(2 * e, generator=gen)[:k] for _ in range(t)])
+    ids = torch.where(ids < e, ids, -1).to(torch.int32)
+    for case in (ids, torch.full_like(ids, -1)):
+        want = reference.align_tokens(case, e, block)
+        got = route.align_tokens(case.to(DEV), e, block)
+        for g, w in zip(got, want):
+            assert g.dtype == torch.int32 and torch.equal(g.cpu(), w), (g, w)
+        flat = case.reshape(-1)
+        kept = want[0][want[0] < flat.numel()].long()
+        assert sorted(kept.tolist()) == (flat >= 0).nonzero().reshape(-1).tolist()
+    assert int(reference.align_tokens(torch.full_like(ids, -1), e, block)[2]) == 0
+
+
+@pytest.mark.parametrize("path,t,quant,dtype", [
+    ("rows", 2, False, torch.bfloat16), ("rows-w4", 2, True, torch.float16), ("decode", 2, True, torch.float16),
+    ("decode", 3, True, torch.bfloat16), ("sorted", 20, True, torch.float16), ("sorted", 20, False, torch.bfloat16),
+])
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_expert_parallel(monkeypatch, path, t, quant, dtype, ranks):
+    """Each rank's experts only (ids -1 elsewhere): every path equals the twin on the rank's slice, and the
+    twins' per-rank outputs sum to the whole MoE (the all-reduce after the block)."""
+    e, k, hid, inter, group = 8, 3, 64, 64, 32
+    if path == "rows-w4":
+        tab = moe.TABLES["sm90"]
+        monkeypatch.setitem(moe.TABLES, "sm90", dataclasses.replace(tab, decode=None))
+    else:
+        decode_table(monkeypatch, bk=64)
+    if quant:
+        w13 = make_experts(e, hid, 2 * inter, group, dtype)
+        w2 = make_experts(e, inter, hid, group, dtype, seed=1)
+    else:
+        w13, w2 = make_dense(e, 2 * inter, hid, dtype), make_dense(e, hid, inter, dtype, seed=1)
+    x = torch.randn(t, hid, generator=torch.Generator().manual_seed(2)).to(dtype)
+    logits = torch.randn(t, e, generator=torch.Generator().manual_seed(3)).to(dtype)
+    tw, ids = reference.moe_route(logits, k)
+    whole = reference.fused_moe(x, w13, w2, tw, ids)
+    n = e // ranks
+    total = torch.zeros_like(whole)
+    for r in range(ranks):
+        lo, hi = r * n, (r + 1) * n
+        part = (lambda w: QuantizedWeight(w.qweight[lo:hi], w.scales[lo:hi], w.zeros[lo:hi], w.group_size)) \
+            if quant else (lambda w: w[lo:hi])
+        rtw, rids = route.moe_route(logits, k, True, (lo, hi))
+        _, want_ids = reference.moe_route(logits, k, True, (lo, hi))
+        assert torch.equal(rids, want_ids)
+        ref = reference.fused_moe(x, part(w13), part(w2), rtw, rids)
+        total += ref
+        if not (rids >= 0).any():
+            continue
+        y = moe.fused_moe(x, part(w13), part(w2), rtw, rids)
+        # rows without a local expert are exactly zero
+        none = ~(rids >= 0).any(1)
+        assert torch.equal(y[none], torch.zeros_like(y[none]))
+        assert rel_err(y, ref) < TOL[dtype]
+    torch.testing.assert_close(total, whole, rtol=1e-5, atol=1e-5)
+
+
 def test_align_above_the_kernel_limit_uses_the_twin():
     ids = torch.randint(0, 8, (route.ALIGN_MAX_ROWS // 2 + 1, 2), generator=torch.Generator().manual_seed(0))
     for g, w in zip(route.align_tokens(ids.to(torch.int32).to(DEV), 8, 16), reference.align_tokens(ids, 8, 16)):
@@ -310,3 +388,40 @@ def test_gpu_decode_reads_only_chosen_experts():
     w13.scales[unused] = float("nan")
     w2.scales[unused] = float("nan")
     assert rel_err(moe.fused_moe(x, w13, w2, tw, ids), ref) < TOL[torch.float16]
+
+
+def expert_parallel_gpu(fn, t, dtype, quant, ranks=4, e=256, k=8, hid=2048, inter=512):
+    """Qwen3.6-35B-A3B's MoE cut into ``ranks`` expert ranges: ``fn`` on each range equals the twin on it (rows
+    with no local expert exactly zero), and the ranges' twins sum to the whole MoE."""
+    if quant:
+        w13 = make_experts(e, hid, 2 * inter, 128, dtype, device="cuda", seed=t)
+        w2 = make_experts(e, inter, hid, 128, dtype, device="cuda", seed=t + 1)
+    else:
+        w13, w2 = make_dense(e, 2 * inter, hid, dtype, "cuda", t), make_dense(e, hid, inter, dtype, "cuda", t + 1)
+    x = torch.randn(t, hid, generator=torch.Generator("cuda").manual_seed(t), device="cuda").to(dtype)
+    logits = torch.randn(t, e, generator=torch.Generator("cuda").manual_seed(t + 2), device="cuda").to(dtype)
+    tw, ids = reference.moe_route(logits, k)
+    total = torch.zeros(t, hid, device="cuda")
+    n = e // ranks
+    for r in range(ranks):
+        lo, hi = r * n, (r + 1) * n
+        part = (lambda w: QuantizedWeight(w.qweight[lo:hi], w.scales[lo:hi], w.zeros[lo:hi], w.group_size)) \
+            if quant else (lambda w: w[lo:hi])
+        rtw, rids = route.moe_route(logits, k, True, (lo, hi))
+        assert torch.equal(rids, torch.where((ids >= lo) & (ids < hi), ids - lo, -1))
+        y = fn(x, part(w13), part(w2), rtw, rids)
+        ref = reference.fused_moe(x, part(w13), part(w2), rtw, rids)
+        none = ~(rids >= 0).any(1)
+        assert torch.equal(y[none], torch.zeros_like(y[none]))
+        assert rel_err(y, ref) < TOL[dtype]
+        total += ref
+    torch.testing.assert_close(total, reference.fused_moe(x, w13, w2, tw, ids), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t,dtype,quant", [(1, torch.float16, True), (4, torch.bfloat16, True), (2, torch.float16, False),
+                                           (64, torch.float16, True), (4096, torch.bfloat16, True),
+                                           (64, torch.bfloat16, False)])
+def test_gpu_35b_a3b_expert_parallel(t, dtype, quant):
+    """Expert parallelism at TP4 (64 experts a rank): decode GEMV, rows and sorted paths skip the other ranks'."""
+    expert_parallel_gpu(moe.fused_moe, t, dtype, quant)

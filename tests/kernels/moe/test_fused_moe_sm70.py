@@ -215,3 +215,12 @@ def test_gpu_fused_moe_under_arch70(monkeypatch, t):
     y = ops.fused_moe(x, w13, w2, tw, ids)
     assert bool(calls) == (t * 8 > moe.TABLES["sm70"].row_max)
     assert rel_err(y, reference.fused_moe(x, w13, w2, tw, ids)) < TOL[torch.float16]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [64, 512])
+def test_gpu_35b_a3b_sm70_expert_parallel(t):
+    """The HMMA.884 sorted path with expert parallelism (ids -1 for the other ranks' experts, left out by
+    align_tokens and combine_kernel)."""
+    from .test_fused_moe import expert_parallel_gpu
+    expert_parallel_gpu(fused_sm70.fused_moe_sm70, t, torch.float16, True)
