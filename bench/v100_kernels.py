@@ -34,7 +34,8 @@ HMMA_SWITCHES = (("catengine.kernels.w4a16.gemm", "hmma_applies"), ("catengine.k
 
 @contextlib.contextmanager
 def fma_path():
-    """The sm_70 row without its HMMA.884 kernels: tl.dot everywhere, which Triton >= 3.3 lowers to FMA."""
+    """The sm_70 row without its HMMA.884 kernels: tl.dot everywhere, which Triton >= 3.3 lowers to FMA (for GDN
+    the scan form: the split is on the row for its HMMA.884 stages only)."""
     undo = []
     for name in HMMA_TABLES:
         try:
@@ -44,7 +45,9 @@ def fma_path():
         # TABLES["sm70"] (w4a16, moe, attention) or TABLE[70] (gdn)
         for tables, key in ((getattr(mod, "TABLES", None), "sm70"), (getattr(mod, "TABLE", None), 70)):
             row = tables.get(key) if isinstance(tables, dict) else None
-            for field, off in (("hmma_min_m", None), ("hmma", False), ("h_hmma", False), ("o_hmma", False)):
+            # GDN's h_hmma / o_hmma stay: with its predicates off the row falls back to the scan, as chunk.py does
+            # wherever no HMMA.884 stage applies (the row's tl.dot split is not what a V100 would run)
+            for field, off in (("hmma_min_m", None), ("hmma", False)):
                 if row is not None and getattr(row, field, None) not in (None, False):
                     undo.append((tables.__setitem__, key, row))
                     row = dataclasses.replace(row, **{field: off})
@@ -70,6 +73,9 @@ class Op:
     family: str
     make: Callable[[dict], Callable[[], object]]     # shape -> zero-argument call on CUDA
     flops: Callable[[dict], float]
+    # the bytes the op must move (weights, inputs, outputs; no split-K partials, no re-reads): what the tables' "% of
+    # 900 GB/s" divides, None to take the launches' tensors
+    bytes: Callable[[dict], float] | None = None
 
 
 # ---------------------------------------------------------------- input builders
@@ -145,10 +151,20 @@ def _attn_flops(s):
     return 4 * b * nh * d * keys
 
 
+def _linear_bytes(s):
+    """int4 codes, fp16 scales and zeros per group of GROUP, fp16 x and y."""
+    return s["K"] * s["N"] / 2 + 2 * 2 * (s["K"] // GROUP) * s["N"] + 2 * s["M"] * (s["K"] + s["N"])
+
+
+def _attn_bytes(s):
+    """fp16 K and V of every sequence's context (each KV head once), q and the output."""
+    return 2 * 2 * s["B"] * s["ctx"] * s["nkv"] * s["d"] + 2 * 2 * s["B"] * s["q"] * s["nh"] * s["d"]
+
+
 OPS = {
-    "w4a16": Op("W4A16 GEMM/GEMV", "w4a16", make_linear, lambda s: 2 * s["M"] * s["K"] * s["N"]),
+    "w4a16": Op("W4A16 GEMM/GEMV", "w4a16", make_linear, lambda s: 2 * s["M"] * s["K"] * s["N"], _linear_bytes),
     "moe": Op("fused MoE", "moe", make_moe, lambda s: 2 * s["T"] * s["topk"] * 3 * s["H"] * s["I"]),
-    "attn": Op("paged attention", "attention", make_attention, _attn_flops),
+    "attn": Op("paged attention", "attention", make_attention, _attn_flops, _attn_bytes),
     "gdn_chunk": Op("GDN chunked prefill", "gdn", make_gdn_chunk,
                     lambda s: s["B"] * s["hv"] * -(-s["L"] // 64) * 64 * 128 * 128 * 2 * 6),
     "gdn_rec": Op("GDN recurrent", "gdn", make_gdn_recurrent, lambda s: s["B"] * s["L"] * s["hv"] * 128 * 128 * 2 * 4),
@@ -270,9 +286,31 @@ def _moe_bytes(launch, s: dict) -> float:
     return total - stacks * (1 - frac)
 
 
-DRAM: dict[str, Callable] = {k: _moe_bytes for k in (
+# tensors a windowed GDN launch reads or writes whole (per sequence or per launch); the others hold one row per token
+# or per chunk, of which a window of chunks [c_lo, c_hi) touches its share
+_GDN_WHOLE = ("ssm", "qsl", "cu_chunks", "state_slots", "has_init")
+
+
+def _gdn_window_bytes(launch, s: dict) -> float:
+    """The chunked prefill cuts its chunks into windows (chunk.py's overlap) and hands every window's launch the
+    whole tensors: counted whole, the state stage's 200 MB of chunk states would be read once per window."""
+    nt = s["B"] * _cdiv(s["L"], 64)
+    a = launch.args
+    chunks = a["c_hi"] - a["c_lo"] if "c_hi" in a else launch.grid[0]
+    frac = min(1.0, chunks / max(nt, 1))
+    seen = {}
+    for name, v in a.items():
+        if hasattr(v, "nbytes") and hasattr(v, "ptr"):
+            seen[v.ptr] = max(seen.get(v.ptr, 0.0), v.nbytes * (1.0 if name in _GDN_WHOLE else frac))
+    return sum(seen.values())
+
+
+DRAM: dict[str, Callable] = {k: _gdn_window_bytes for k in (
+    "gdn_chunk_wy_kernel", "gdn_chunk_inv_kernel", "gdn_chunk_h_kernel", "gdn_chunk_h_sm70_kernel", "gdn_chunk_o_kernel",
+    "gdn_chunk_o_sm70_kernel", "gdn_chunk_scan_kernel")}
+DRAM.update({k: _moe_bytes for k in (
     "_moe_gemm_kernel", "moe_gemm_kernel", "moe_gemm_sm70_kernel", "_moe_up_row_kernel", "moe_up_row_kernel",
-    "_moe_down_row_kernel", "moe_down_row_kernel", "moe_up_decode_kernel", "moe_down_decode_kernel")}
+    "_moe_down_row_kernel", "moe_down_row_kernel", "moe_up_decode_kernel", "moe_down_decode_kernel")})
 
 
 def trips_of(launch, shape: dict) -> tuple[tuple, bool]:

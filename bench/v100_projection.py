@@ -1,7 +1,10 @@
 """V100 projection from sm_70 SASS, never a claim of measured V100 speed (issue 18).
 
     PYTHONPATH=. python3 bench/v100_projection.py [--out DIR] [--budget-s 200] [--kernels-only]
-    PYTHONPATH=. python3 bench/v100_projection.py --dry-cpu      # CPU: record + compile + count, no timing
+    PYTHONPATH=. python3 bench/v100_projection.py --dry-cpu [--factor 4.27] [--kernels-only] [--only attn,gdn_chunk]
+        # CPU: record (the V100's grids and HMMA.884 choices, arch.RECORD_ONLY_CPU) + compile + count, no timing;
+        # sm_70 SASS needs CATENGINE_SM70_CUOBJDUMP pointing at Triton 3.5/3.6's cuobjdump where Triton is 3.9
+    PYTHONPATH=. python3 bench/v100_projection.py --from-raw OUT/v100_projection_raw.json   # a run's tables again
 
 For every op and shape of the registry (bench/v100_kernels.py) the launches are recorded three times: on the
 H200's own sm_90 row (run, then timed: CUDA-graph replays over three input copies), on the sm_70 row as a V100 gets it (HMMA.884 where the
@@ -155,7 +158,7 @@ def project(launches, shape, compiled, cc, chip) -> dict:
         models.append((ln.kernel, lm))
         raw.append({"kernel": ln.kernel, "programs": ln.programs, "warps": ln.num_warps, "regs": sm.registers(instrs),
                     "shared": res.get("shared") or 0, "dram": reg.dram_bytes(ln, shape), "prefetch": depth,
-                    "cc": cc, "stages": ln.num_stages,
+                    "cc": cc, "stages": ln.num_stages, "gluon": bool(res.get("gluon")),
                     "counts": dataclasses.asdict(counts)})
         if t > worst[0]:
             worst = (t, res_name, ln.kernel)
@@ -177,6 +180,8 @@ def main():
     ap.add_argument("--only", default="", help="comma-separated registry ops (w4a16, moe, attn, gdn_chunk, gdn_rec)")
     ap.add_argument("--dry-cpu", action="store_true", help="CPU: record and compile, no timing, no calibration")
     ap.add_argument("--jobs", type=int, default=max(1, min(14, (os.cpu_count() or 2) - 2)))
+    ap.add_argument("--factor", type=float, default=None, help="use this loaded-latency factor instead of fitting "
+                    "one (a dry run has no H200 times to fit it on; session 10's fit was 4.27)")
     ap.add_argument("--from-raw", default="", help="rebuild the tables from a run's v100_projection_raw.json with "
                     "this tree's model (no GPU, no compiles; the configuration table is the run's own)")
     args = ap.parse_args()
@@ -192,10 +197,14 @@ def main():
         header = raw_in.get("header", "a run's raw dump") + f"; tables rebuilt from {os.path.basename(args.from_raw)}"
     elif dry:
         reg.DEVICE = "cpu"
+        # the sm_70 launchers' "CUDA only" checks let the CPU tensors through: the HMMA.884 launches are recorded
+        from catengine.kernels.common import arch as arch_mod
+        arch_mod.RECORD_ONLY_CPU = True
         chip90 = sm.h200(989e12, 4.2e12)
         bench_ms = None
         floor_ms, launch_ms, ev_floor_ms = 0.0, 0.0, 0.0
-        header = "CPU dry run: launches recorded on CPU tensors (4 SMs on every row), no H200 timing"
+        header = ("CPU dry run: launches recorded on CPU tensors with each row's reference SM count (V100 80, H200 "
+                  "132), no H200 timing")
     else:
         from common import bench_ms as _bench, copy_bandwidth_gbs, device_header, matmul_tflops
         props = torch.cuda.get_device_properties(0)
@@ -286,7 +295,7 @@ def main():
             results[cid] = r
 
     text, factor, fit_ids, kernel_ids = tables(cases, steps, results, compiled, header, launch_ms, ev_floor_ms,
-                                              COPIES)
+                                              COPIES, args.factor)
     os.makedirs(args.out, exist_ok=True)
     # what the model saw, per case and path, so that a model change can be re-evaluated without a GPU
     with open(os.path.join(args.out, "v100_projection_raw.json"), "w") as f:

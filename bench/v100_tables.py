@@ -53,7 +53,59 @@ def latency_aware(r: dict, factor: float) -> dict:
     return {"s": total, "bound": worst[1], "kernel": worst[2]}
 
 
-def tables(cases, steps, results, compiled, header, launch_ms, ev_floor_ms, copies):
+def by_kernel(r: dict, factor: float) -> str:
+    """A projected path's latency-aware time per kernel, longest first, each marked HMMA.884 (a Gluon kernel) or
+    CUDA cores (a tl.dot kernel: FMA on sm_70): where a mixed path (GDN's tl.dot WY beside its HMMA.884 stages)
+    spends its time."""
+    tot, gluon, local = {}, {}, {}
+    for (kernel, lm), x in zip(r["models"], r["raw"]):
+        tot[kernel] = tot.get(kernel, 0.0) + lm.time(factor)[0]
+        gluon[kernel] = gluon.get(kernel, False) or bool(x.get("gluon"))
+        local[kernel] = local.get(kernel, 0.0) + x["programs"] * x["warps"] * x["counts"].get("local_bytes", 0.0)
+
+    def spills(k):   # local-memory traffic is in no bound: what it would add if it all went to L2
+        return (f", spills {local[k] / 1e9:,.2f} GB through local memory = {local[k] / sm.V100.l2_bps * 1e6:,.0f} us "
+                f"at the V100's L2 rate, not in the figure" if local[k] else "")
+    return ", ".join(f"{k} {t * 1e6:,.1f} us ({'HMMA.884' if gluon[k] else 'CUDA cores'}{spills(k)})"
+                     for k, t in sorted(tot.items(), key=lambda kv: -kv[1]))
+
+
+def target_lines(cases, steps, results, step_tok) -> list[str]:
+    """Issue 18's targets against the HMMA.884 path's latency-aware projection, each with its calibration."""
+    rows = []
+
+    def pct(x):
+        return "-" if x is None else f"{x:+.0%}"
+    for op_key, shape, kind in cases:
+        r = results.get(_case_id(op_key, shape), {})
+        if kind != "kernel" or "error" in r or not r or not r.get("hmma_present"):
+            continue
+        t = r["hmma"]["lat"]["s"]
+        tf = reg.OPS[op_key].flops(shape) / t / 125e12
+        op = reg.OPS[op_key]
+        bw = (op.bytes(shape) if op.bytes else sum(x["dram"] for x in r["hmma"]["raw"])) / t / 900e9
+        if op_key == "w4a16" and shape["M"] >= 256:
+            rows.append(("W4A16 GEMM, M >= 256", shape["label"], f"{tf:.0%} of 125 TFLOP/s", ">= 70%", tf >= 0.7,
+                         r["calib"]))
+        elif op_key == "w4a16" and 8 <= shape["M"] <= 64:
+            rows.append(("decode GEMM, M = 8-64", shape["label"], f"{bw:.0%} of 900 GB/s", ">= 80%", bw >= 0.8,
+                         r["calib"]))
+        elif op_key == "attn" and shape["q"] > 8:
+            rows.append(("prefill attention", shape["label"], f"{tf:.0%} of 125 TFLOP/s", ">= 60%", tf >= 0.6,
+                         r["calib"]))
+    tok, calib, ceiling = step_tok.get(("27B", "prefill 8K"), (None, None, None))
+    if tok is not None:
+        rows.append(("27B AWQ prefill 8K, one V100", "model step", f"{tok:,.0f} tok/s (its ops' flops at 100% of "
+                     f"125 TFLOP/s: {ceiling:,.0f})", ">= 2,500 tok/s", tok >= 2500, calib))
+    if not rows:
+        return []
+    out = ["", "## Against issue 18's targets (HMMA.884 path, latency-aware; calib as in the tables above)", "",
+           "| target | case | projected | target | met | calib |", "|---|---|---|---|---|---|"]
+    out += [f"| {a} | {b} | {c} | {d} | {'yes' if e else 'NO'} | {pct(f)} |" for a, b, c, d, e, f in rows]
+    return out
+
+
+def tables(cases, steps, results, compiled, header, launch_ms, ev_floor_ms, copies, given_factor=None):
     """(markdown, factor, fit case ids, per-kernel case ids): fits the latency factor on the step cases that are
     not per-kernel shapes, then renders every table."""
     # the one fitted constant: on the step cases that are not per-kernel shapes, each measured time less the
@@ -63,8 +115,8 @@ def tables(cases, steps, results, compiled, header, launch_ms, ev_floor_ms, copi
                and r["h200"]["models"] and r["ms"] > r["floor_ms"]]
     pairs = [([m for _, m in results[cid]["h200"]["models"]], (results[cid]["ms"] - results[cid]["floor_ms"]) * 1e-3)
              for cid in fit_ids]
-    factor = sm.fit_factor(pairs, *FIT_RANGE) if pairs else 1.0
-    at_bound = factor <= FIT_RANGE[0] * 1.01 or factor >= FIT_RANGE[1] / 1.01
+    factor = given_factor or (sm.fit_factor(pairs, *FIT_RANGE) if pairs else 1.0)
+    at_bound = not given_factor and (factor <= FIT_RANGE[0] * 1.01 or factor >= FIT_RANGE[1] / 1.01)
     for cid, r in results.items():
         if "error" in r:
             continue
@@ -81,7 +133,7 @@ def tables(cases, steps, results, compiled, header, launch_ms, ev_floor_ms, copi
              "throughput bounds, the L2 and the rounds of resident programs x (loop trips + 2) x the loaded "
              "latency. calib = H200 model / H200 measured - 1 on the sm_90 SASS (the HMMA.884 kernels are emulated "
              "there and never timed: an HMMA row carries the calibration of its family's tl.dot kernel).",
-             f"Fitted: loaded-latency factor {factor:.2f} (x the public unloaded latency: {factor * 480:.0f} "
+             f"{'Given (--factor), not fitted' if given_factor else 'Fitted'}: loaded-latency factor {factor:.2f} (x the public unloaded latency: {factor * 480:.0f} "
              f"cycles on the H200, {factor * sm.V100.mem_latency_cycles:.0f} on the V100) on {len(pairs)} model-step "
              f"cases{' (AT THE BOUND OF ITS RANGE: the model form does not fit these cases)' if at_bound else ''}; "
              f"measured, not fitted: launch {launch_ms * 1e3:.1f} us in a CUDA graph (the V100 is given the same), "
@@ -95,6 +147,9 @@ def tables(cases, steps, results, compiled, header, launch_ms, ev_floor_ms, copi
         return "-" if x is None else f"{x:+.0%}"
 
     lines += ["## Per kernel (one V100, microseconds; calib held out of the fit unless marked)", "",
+              "HMMA of peak: the op's flops over the HMMA path's time against 125 TFLOP/s, and the bytes it must move "
+              "(GEMM: int4 weights, scales, zeros, x, y; attention: the K/V context, q, out; no split-K partials, no "
+              "re-reads; other ops: their launches' tensors) against 900 GB/s.", "",
               "| op | shape | FMA path | bound | HMMA.884 path | bound | HMMA roofline | HMMA of peak | "
               "H200 measured | H200 model | calib | calib roofline | notes |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -109,13 +164,15 @@ def tables(cases, steps, results, compiled, header, launch_ms, ev_floor_ms, copi
             continue
         hm = r["hmma"]["lat"]
         if r["hmma_present"]:
-            moved = sum(x["dram"] for x in r["hmma"]["raw"])
+            moved = op.bytes(shape) if op.bytes else sum(x["dram"] for x in r["hmma"]["raw"])
             peak = (f"{100 * op.flops(shape) / hm['s'] / 125e12:.0f}% of 125 TFLOP/s, "
                     f"{100 * moved / hm['s'] / 900e9:.0f}% of 900 GB/s")
             hcell, hbound, roof = cell(hm["s"]), f"{hm['bound']} ({hm['kernel']})", cell(r["hmma"]["s"])
-        else:
-            hcell, hbound, peak, roof = "missing", "no sm_70 HMMA kernel on this path", "-", "-"
+        else:   # a decode GEMV, the MoE's decode kernels, the GDN recurrence: no matrix product, CUDA cores by design
+            hcell, hbound, peak, roof = (cell(hm["s"]), f"{hm['bound']} (no HMMA.884 kernel on this path: CUDA cores)",
+                                         "-", cell(r["hmma"]["s"]))
         notes = "; ".join(sorted(set(r["fma"]["notes"] + r["hmma"]["notes"] + r["h200"]["notes"])))
+        notes = f"HMMA path: {by_kernel(r['hmma'], factor)}" + (f"; {notes}" if notes else "")
         if cid in fit_ids:
             notes = "in the fit set; " + notes
         if r["timer"] == "events":
@@ -123,6 +180,7 @@ def tables(cases, steps, results, compiled, header, launch_ms, ev_floor_ms, copi
         lines.append(f"| {op.name} | {shape['label']} | {cell(r['fma']['lat']['s'])} | {r['fma']['lat']['bound']} | "
                      f"{hcell} | {hbound} | {roof} | {peak} | {cell(r['ms'], 1e3)} | {cell(r['h200_lat_s'])} | "
                      f"{pct(r['calib'])} | {pct(r['calib_roof'])} | {notes} |")
+    step_tok = {}
     if steps:
         lines += ["", "## Model steps (one V100; linears, MoE, attention, GDN; norms, RoPE, routing, sampling and the "
                   "lm_head left out; calib in-sample: these cases fit the latency factor)", "",
@@ -150,12 +208,17 @@ def tables(cases, steps, results, compiled, header, launch_ms, ev_floor_ms, copi
                 if not r["hmma_present"]:
                     missing.add(reg.OPS[op_key].name)
             ok = complete and tot["ms"]
+            # projected whenever every op was (H200 timings only feed calib)
+            flops = sum(calls * reg.OPS[k].flops(sh) for k, sh, calls in rows)
+            step_tok[(short, name)] = (tokens / tot["hmma"] if tot["hmma"] and not bad else None,
+                                       tot["h200"] / tot["ms"] - 1 if ok else None, tokens * 125e12 / flops)
             lines.append(f"| {short} | {name} | {tot['fma'] * 1e3:,.1f} | {tot['hmma'] * 1e3:,.1f} | "
                          f"{tokens / tot['hmma'] if tot['hmma'] else 0:,.0f} | {tot['roof'] * 1e3:,.1f} | "
                          f"{tot['ms'] * 1e3:,.2f} | {tot['h200'] * 1e3:,.2f} | "
                          f"{pct(tot['h200'] / tot['ms'] - 1) if ok else '-'} | "
                          f"{pct(tot['roof90'] / tot['ms'] - 1) if ok else '-'} | "
                          f"{', '.join(sorted(missing)) or '-'} | {'; '.join(bad) or '-'} |")
+    lines += target_lines(cases, steps, results, step_tok)
     lines += ["", "## Configurations compiled", "", "| kernel | cc | shared B | registers | HMMA | FFMA | HFMA2 | LDG | LDS | "
               "STS | static instructions | error |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, res in sorted(compiled.items()):

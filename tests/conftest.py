@@ -11,6 +11,28 @@ if not torch.cuda.is_available():
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
+
+def _shim_interpreter_index():
+    """Triton 3.5/3.6's interpreter turns a scalar tensor into a Python int (a ``range`` bound in a kernel loop) with
+    ``int(data)`` on its 1-element, 1-d array, which NumPy 2.x refuses ("only 0-dimensional arrays can be converted
+    to Python scalars"); Triton 3.9 squeezes the array first. The same here, so that the CPU suite runs under the
+    Tritons V100 users have (bench/aot_triton_versions.sh). Only the interpreter is touched."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return
+    import triton
+    if tuple(int(x) for x in triton.__version__.split(".")[:2]) >= (3, 7):
+        return
+    from triton.runtime import interpreter
+    original = interpreter._patch_lang_tensor
+
+    def patch_lang_tensor(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+    interpreter._patch_lang_tensor = patch_lang_tensor
+
+
+_shim_interpreter_index()
+
 # One demo-model build per test session, outside the user's cache (tests that need their own set it themselves).
 if "CATENGINE_CACHE" not in os.environ:
     import tempfile

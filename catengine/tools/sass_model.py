@@ -173,6 +173,24 @@ def ldg_bytes(opcode: str) -> int:
     return 32 * width
 
 
+def local_bytes(opcode: str) -> int:
+    """Bytes one warp moves to or from local memory (STL / LDL: register spills, or arrays ptxas could not keep in
+    registers); 0 for anything else. Not in any bound: on the V100 they hit L1 or go to L2, which the SASS does not
+    say; the tables print them beside a kernel whose SASS has them."""
+    parts = opcode.split(".")
+    if parts[0] not in ("LDL", "STL"):
+        return 0
+    width = 4
+    for p in parts[1:]:
+        if p in ("128", "64"):
+            width = int(p) // 8
+        elif p in ("U8", "S8"):
+            width = 1
+        elif p in ("U16", "S16"):
+            width = 2
+    return 32 * width
+
+
 _REG = re.compile(r"\bR(\d+)\b")
 
 
@@ -194,6 +212,7 @@ class Counts:
     mma_flops: float = 0.0
     smem_bytes: float = 0.0
     ldg_bytes: float = 0.0
+    local_bytes: float = 0.0    # STL / LDL (spills): printed, in no bound
     iterations: float = 0.0     # trips of the top-level loops, summed: dependent global-load waits per warp
     loops: int = 0
     nested: bool = False
@@ -225,6 +244,7 @@ def count(instrs: list[Instr], trips: tuple[float, ...] = ()) -> Counts:
         c.mma_flops += w * mma_flops(ins.opcode)
         c.smem_bytes += w * smem_bytes(ins.opcode)
         c.ldg_bytes += w * ldg_bytes(ins.opcode)
+        c.local_bytes += w * local_bytes(ins.opcode)
     return c
 
 
@@ -354,5 +374,5 @@ def fit_factor(pairs: list[tuple[list[LaunchModel], float]], lo: float = 0.25, h
 
 
 __all__ = ["CLASSES", "Chip", "Counts", "Instr", "LaunchModel", "V100", "bound_time", "bounds", "classify", "count",
-           "fit_factor", "h200", "latency_bounds", "launch_model", "ldg_bytes", "loops", "mma_flops", "occupancy",
+           "fit_factor", "h200", "latency_bounds", "launch_model", "ldg_bytes", "local_bytes", "loops", "mma_flops", "occupancy",
            "parse_sass", "prefetch_depth", "registers", "smem_bytes"]

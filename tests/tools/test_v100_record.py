@@ -93,3 +93,50 @@ def test_model_steps_cover_every_layer():
     moe = reg.model_step("qwen3.6-35b-a3b", 1, 32, 8192)
     assert [(s["T"], n) for op, s, n in moe if op == "moe"] == [(32, 40)]
     assert [op for op, _, _ in moe].count("gdn_rec") == 1
+
+
+def test_record_only_cpu_lets_the_sm70_launchers_take_cpu_tensors(monkeypatch):
+    """The projection's CPU dry run: with RECORD_ONLY_CPU the HMMA.884 choices accept CPU tensors and a CPU device
+    counts the row's reference SMs (V100 80); without it nothing changes (the interpreter's 4 SMs, CUDA only)."""
+    from catengine.kernels.attention import paged_sm70
+    from catengine.kernels.common import arch
+    from catengine.kernels.gdn import chunk_h_sm70, chunk_o_sm70
+    from catengine.kernels.gdn.table import TABLE
+    monkeypatch.setattr(paged_sm70, "INTERPRET", False)      # conftest runs the interpreter without a GPU
+    q = torch.zeros(4, 6, 256, dtype=torch.float16)
+    kc = torch.zeros(2, 16, 1, 256, dtype=torch.float16)
+    cpu = torch.device("cpu")
+    with arch_row(70):
+        assert arch.device_key(cpu) == ("sm70", arch.INTERPRETER_SMS)
+        assert not paged_sm70.sm70_applies(70, q, kc) and not chunk_h_sm70.h_hmma_applies(TABLE[70], torch.float16, cpu)
+        monkeypatch.setattr(arch, "RECORD_ONLY_CPU", True)
+        assert arch.device_key(cpu) == ("sm70", 80) and arch.cuda_device(cpu)
+        assert paged_sm70.sm70_applies(70, q, kc)
+        assert chunk_h_sm70.h_hmma_applies(TABLE[70], torch.float16, cpu)
+        assert chunk_o_sm70.o_hmma_applies(TABLE[70], torch.float16, cpu)
+    assert arch.device_key(cpu) == ("sm90", 132) and arch.arch_of(cpu) == 90
+
+
+def test_fma_path_sends_gdn_to_the_scan_it_falls_back_to():
+    """GDN's sm_70 row keeps its split for the HMMA.884 stages: the FMA pass turns their predicates off and leaves the
+    row's fields, so chunk.py falls back to the scan as it does wherever no HMMA.884 stage applies."""
+    from catengine.kernels.gdn import chunk
+    from catengine.kernels.gdn.table import TABLE
+    row = TABLE[70]
+    assert row.prefill == "split" and row.h_hmma and row.o_hmma
+    with reg.fma_path():
+        assert TABLE[70] is row
+        assert not chunk.h_hmma_applies(row, torch.float16, torch.device("cuda"))
+        assert not chunk.o_hmma_applies(row, torch.float16, torch.device("cuda"))
+
+
+def test_windowed_gdn_launches_count_their_share_of_the_per_token_tensors():
+    from v100_record import TensorArg
+    shape = {"B": 1, "L": 8192}     # 128 chunks of 64
+    hb, ssm = TensorArg(torch.float16, 128 * 48 * 128 * 128 * 2, 1), TensorArg(torch.float32, 48 * 128 * 128 * 4, 2)
+    w = TensorArg(torch.float16, 8192 * 48 * 128 * 2, 3)
+    ln = _L("gdn_chunk_h_sm70_kernel", hb=hb, ssm=ssm, w=w, c_lo=16, c_hi=32)
+    assert reg.dram_bytes(ln, shape) == pytest.approx((hb.nbytes + w.nbytes) / 8 + ssm.nbytes)
+    ln = _L("gdn_chunk_o_sm70_kernel", hb=hb, w=w, c_lo=0)
+    ln.grid = (32, 48, 2)           # no c_hi: the grid's first dim is the window's chunks
+    assert reg.dram_bytes(ln, shape) == pytest.approx((hb.nbytes + w.nbytes) / 4)

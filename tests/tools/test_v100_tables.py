@@ -49,3 +49,27 @@ def test_factor_fits_on_the_steps_and_the_kernel_row_is_held_out():
     row = next(line for line in text.splitlines() if line.startswith("| W4A16") and "M=8 5120->17408" in line)
     assert "| -20% |" in row and "in the fit set" not in row          # 1 / 1.25 - 1
     assert "Fitted: loaded-latency factor 3.0" in text and "AT THE BOUND" not in text
+
+
+def test_tables_print_each_kernel_of_the_hmma_path_its_spills_and_the_targets():
+    """A mixed HMMA path (a Gluon kernel beside a tl.dot one) is broken down per kernel, local-memory bytes are
+    printed beside the kernel that moves them, the % of 900 GB/s divides the op's own bytes (no split-K partials),
+    and the targets table reports the decode GEMM against 80% of 900 GB/s."""
+    chip = sm.h200(900e12, 4.2e12, launch_s=1e-6)
+    shape = {"M": 32, "K": 5120, "N": 17408, "label": "M=32 5120->17408"}
+    case = _case(272, chip, 3.0)
+    spilling = dict(_launch(80), kernel="wy_kernel", gluon=False,
+                    counts=dict(dataclasses.asdict(COUNTS), local_bytes=1024.0))
+    case["hmma"] = [dict(_launch(272), gluon=True, dram=9e9), spilling]   # dram: not what the % divides
+    results = vt.results_from_raw({"chip90": dataclasses.asdict(chip), "cases": {vt._case_id("w4a16", shape): case}},
+                                  chip, dataclasses.replace(sm.V100, launch_s=1e-6))
+    text, *_ = vt.tables([("w4a16", shape, "kernel")], [], results, {}, "synthetic", 1e-3, 0.0, 3, given_factor=4.0)
+    row = next(line for line in text.splitlines() if line.startswith("| W4A16") and "M=32 5120" in line)
+    assert "toy_kernel" in row and "(HMMA.884)" in row and "wy_kernel" in row and "(CUDA cores, spills" in row
+    assert f"{80 * 4 * 1024 / 1e9:,.2f} GB through local memory" in row
+    r = results[vt._case_id("w4a16", shape)]
+    want = (5120 * 17408 / 2 + 4 * 40 * 17408 + 2 * 32 * (5120 + 17408)) / r["hmma"]["lat"]["s"] / 900e9
+    assert f"{100 * want:.0f}% of 900 GB/s" in row
+    assert "Given (--factor), not fitted: loaded-latency factor 4.00" in text
+    target = next(line for line in text.splitlines() if line.startswith("| decode GEMM, M = 8-64"))
+    assert f"| {want:.0%} of 900 GB/s | >= 80% | {'yes' if want >= 0.8 else 'NO'} |" in target

@@ -33,7 +33,7 @@ from triton.experimental.gluon import language as gl
 
 from ...errors import KernelContractError
 from ..common.aot import AotConfig
-from ..common.arch import INTERPRET, device_key
+from ..common.arch import INTERPRET, cuda_device, device_key
 from . import DEFAULT_BLOCK_SIZE
 from .decode import reduce_splits, split_partials
 from .launch import num_decode_splits
@@ -258,7 +258,7 @@ def sm70_applies(arch: int, q, k_cache) -> bool:
     a head dim it tiles, and a compiled run on an NVIDIA GPU (the interpreter has no Gluon: the tl.dot kernel is its
     twin)."""
     return (ENABLED and arch == 70 and q.dtype == torch.float16 and k_cache.dtype in (torch.float16, torch.uint8)
-            and q.shape[-1] in PREFILL_SM70 and q.device.type == "cuda" and torch.version.hip is None
+            and q.shape[-1] in PREFILL_SM70 and cuda_device(q.device) and torch.version.hip is None
             and not INTERPRET)
 
 
@@ -272,7 +272,7 @@ def paged_attention_sm70(q, k_cache, v_cache, block_tables, seq_lens, query_star
     if q.dtype != torch.float16 or k_cache.dtype not in (torch.float16, torch.uint8):
         raise KernelContractError(f"the sm_70 attention takes fp16 queries (sm_70 has no bf16) and an fp16 or e5m2 "
                                   f"(uint8) cache, got {q.dtype} and {k_cache.dtype}")
-    if q.device.type != "cuda":
+    if not cuda_device(q.device):
         raise KernelContractError(f"paged_attention_sm70 runs on CUDA only (Gluon has no interpreter), got {q.device}")
     nkv, bs = k_cache.shape[2], k_cache.shape[1]
     g = nh // nkv

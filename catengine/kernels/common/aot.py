@@ -17,6 +17,7 @@ import importlib
 import json
 import os
 import re
+import struct
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -62,7 +63,9 @@ def compile_config(module, cfg: AotConfig, cc: int) -> dict:
     gluon = _is_gluon(getattr(module, cfg.kernel))
     ptx = k.asm["ptx"]
     has_mma884 = "mma.sync.aligned.m8n8k4" in ptx
+    res = cubin_resources(k.asm["cubin"], k.metadata.name)
     return {"kernel": cfg.kernel, "name": cfg.name, "cc": cc, "gluon": gluon, "shared": k.metadata.shared,
+            "registers": res["registers"], "stack": res["stack"],
             "forbidden": [s for s in SM70_FORBIDDEN_PTX if s in ptx] if cc < 80 else [],
             "mma884": has_mma884,
             "sass_hmma884": sass_has_hmma884(k.asm["cubin"]) if cc < 80 and has_mma884 else None,
@@ -93,6 +96,55 @@ def disassemble(cubin: bytes, cc: int) -> str | None:
     if out.returncode or "deprecated" in out.stderr or f"code for sm_{cc}" not in out.stdout:
         return None
     return out.stdout
+
+
+def cubin_resources(cubin: bytes, kernel: str) -> dict:
+    """{'registers', 'stack'} of ``kernel`` read from its cubin's ELF, for any architecture and without a
+    disassembler (Triton 3.9's cuobjdump refuses sm_70): the register count is the top byte of the ``.text.<kernel>``
+    section's sh_info (what ``cuobjdump -res-usage`` prints as REG), the stack frame in bytes per thread (spills
+    included; STACK there) the EIATTR_FRAME_SIZE attribute of .nv.info. None where the cubin lacks one."""
+    if cubin[:4] != b"\x7fELF" or cubin[4] != 2:
+        raise ValueError("not a 64-bit ELF cubin")
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    secs = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
+    strtab = secs[shstrndx]
+
+    def name(sec):
+        start = strtab[4] + sec[0]
+        return cubin[start:cubin.index(b"\0", start)].decode()
+    named = {name(s): s for s in secs}
+    text = named.get(f".text.{kernel}")
+    out = {"registers": text[7] >> 24 if text else None, "stack": None}
+    # symbol index of the kernel (for the global .nv.info's per-function attributes)
+    symtab = next((s for s in secs if s[1] == 2), None)
+    sym_index = None
+    if symtab:
+        strs = secs[symtab[6]]
+        for i in range(symtab[5] // 24):
+            st_name, = struct.unpack_from("<I", cubin, symtab[4] + i * 24)
+            start = strs[4] + st_name
+            if cubin[start:cubin.index(b"\0", start)].decode() == kernel:
+                sym_index = i
+    for sname in (".nv.info", f".nv.info.{kernel}"):
+        sec = named.get(sname)
+        if not sec:
+            continue
+        data = cubin[sec[4]:sec[4] + sec[5]]
+        pos = 0
+        while pos + 4 <= len(data):
+            fmt, attr, size = data[pos], data[pos + 1], struct.unpack_from("<H", data, pos + 2)[0]
+            if fmt == 4:   # EIFMT_SVAL: size bytes of payload
+                payload = data[pos + 4:pos + 4 + size]
+                pos += 4 + size
+            else:          # EIFMT_NVAL / HVAL: the 2 bytes were the value
+                payload = None
+                pos += 4
+            if attr == 0x11 and payload and len(payload) == 8:   # EIATTR_FRAME_SIZE: (symbol, bytes)
+                sym, val = struct.unpack("<II", payload)
+                if sname != ".nv.info" or sym == sym_index:
+                    out["stack"] = val
+    return out
 
 
 def _is_gluon(fn) -> bool:

@@ -31,6 +31,11 @@ ARCH_OVERRIDE = os.environ.get("CATENGINE_ARCH", "")
 # the switch is to run the grids a V100 would launch. Fewer programs than this chip's SMs are still correct
 # (only slower), and nothing here needs all programs resident at once (the split reductions use counters).
 REFERENCE_SMS = {70: 80, 80: 108, 90: 132}
+# Set only by bench/v100_projection.py --dry-cpu, which records launches on CPU tensors and runs none: the sm_70
+# launchers' "CUDA only" checks (Gluon has no interpreter) then let CPU tensors through, and a CPU device counts
+# the row's REFERENCE_SMS, so that the CPU dry run records the HMMA.884 choices and grids a V100 gets. Nothing
+# launched while it is set may run.
+RECORD_ONLY_CPU = False
 
 
 def forced_arch() -> int | None:
@@ -65,7 +70,7 @@ def arch_of(device) -> int:
     if forced is not None:
         return forced
     if getattr(device, "type", str(device)) != "cuda":
-        return 80
+        return 90 if RECORD_ONLY_CPU else 80   # the dry run's unforced pass stands for the H200
     return arch_from_cc(device_cc(device))
 
 
@@ -81,11 +86,19 @@ def device_key(device) -> tuple[str, int]:
     forced = forced_arch()
     device = torch.device(device)
     if device.type != "cuda":
+        if RECORD_ONLY_CPU:   # the projection's dry run records the grids a GPU of the row would launch
+            return arch_key(forced or 90), REFERENCE_SMS[forced or 90]
         return arch_key(forced or 90), INTERPRETER_SMS
     if forced is not None:
         return arch_key(forced), REFERENCE_SMS[forced]
     props = torch.cuda.get_device_properties(device)
     return arch_key(props.major * 10 + props.minor), props.multi_processor_count
+
+
+def cuda_device(device) -> bool:
+    """Whether ``device`` is a CUDA device, where the Gluon (HMMA.884) kernels run; any device while
+    ``RECORD_ONLY_CPU`` (the projection's CPU dry run records those launches without running them)."""
+    return RECORD_ONLY_CPU or torch.device(device).type == "cuda"
 
 
 def bf16_supported(device) -> bool:
@@ -94,4 +107,4 @@ def bf16_supported(device) -> bool:
 
 
 __all__ = ["ARCHES", "ARCH_OVERRIDE", "REFERENCE_SMS", "arch_from_cc", "arch_of", "arch_key", "bf16_supported",
-           "device_cc", "device_key", "forced_arch", "INTERPRETER_SMS", "INTERPRET"]
+           "cuda_device", "device_cc", "device_key", "forced_arch", "INTERPRETER_SMS", "INTERPRET"]

@@ -19,6 +19,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from ..common.aot import AotConfig
+from ..common.arch import cuda_device
 from ..common.mma884 import cta_barrier, cumsum
 from ..common.mma884 import (Tile884, a_layout, a_smem_shape, acc_rows_cols, b_layout, b_smem_shape, frag_layout,
                              mma884, smem_layout, stage_index, stage_layout_a, stage_layout_b)
@@ -146,7 +147,7 @@ def gdn_chunk_h_sm70_kernel(k, w, u, g, kn, vn, hb, ssm, vec, qsl, cu_chunks, st
 
 def h_hmma_applies(table, dtype: torch.dtype, device: torch.device) -> bool:
     """Whether the split form's state stage runs here: a row with ``h_hmma`` (sm_70), fp16, on CUDA."""
-    return bool(table.h_hmma) and dtype == torch.float16 and device.type == "cuda"
+    return bool(table.h_hmma) and dtype == torch.float16 and cuda_device(device)
 
 
 def state_launch(k, w, u, g, kn, vn, hb, ssm, qsl, cu_chunks, state_slots, has_init, nb: int, nt: int):

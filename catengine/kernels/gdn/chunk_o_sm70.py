@@ -25,6 +25,7 @@ from triton.experimental.gluon import language as gl
 
 from ...errors import KernelContractError
 from ..common.aot import AotConfig
+from ..common.arch import cuda_device
 from ..common.mma884 import cta_barrier, cumsum
 from ..common.mma884 import (Tile884, a_layout, a_smem_shape, acc_rows_cols, b_layout, b_smem_shape, frag_layout,
                              mma884, smem_layout, stage_index, stage_layout_a, stage_layout_b)
@@ -186,7 +187,7 @@ def gdn_chunk_o_sm70_kernel(q, k, vn, hb, g, kn, o, vec, qsl, cu_chunks, c_lo, B
 def o_hmma_applies(table, dtype: torch.dtype, device: torch.device) -> bool:
     """Whether the split form's output stage runs here: a row with ``o_hmma`` (sm_70), fp16 (the operands the
     tensor cores take; sm_70 has no bf16), on CUDA (Gluon has no interpreter)."""
-    return bool(table.o_hmma) and dtype == torch.float16 and device.type == "cuda"
+    return bool(table.o_hmma) and dtype == torch.float16 and cuda_device(device)
 
 
 def check_o_sm70(q, bv: int) -> None:
@@ -194,7 +195,7 @@ def check_o_sm70(q, bv: int) -> None:
     operands are fp16), on CUDA, and a dv block the 2 x 2 warp tile covers."""
     if q.dtype != torch.float16:
         raise KernelContractError(f"the sm_70 GDN kernels take fp16 q, k, v (sm_70 has no bf16), got {q.dtype}")
-    if q.device.type != "cuda":
+    if not cuda_device(q.device):
         raise KernelContractError(f"the sm_70 GDN kernels run on CUDA only (Gluon has no interpreter), "
                                   f"got {q.device}")
     tile = Tile884(64, bv, 8, SM70_O_TILE.WM, SM70_O_TILE.WN)

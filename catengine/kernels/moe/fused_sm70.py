@@ -25,7 +25,7 @@ from triton.experimental.gluon import language as gl
 
 from ...errors import KernelContractError
 from ..common.aot import AotConfig
-from ..common.arch import INTERPRET
+from ..common.arch import INTERPRET, cuda_device
 from ..common.int4_frag import code_layout, code_smem_layout, code_stage_layout, index3
 from ..common.mma884 import (Tile884, a_layout, a_smem_shape, acc_rows_cols, b_layout, frag_layout, mma884,
                              pick_tile, smem_layout, stage_index, stage_layout_a)
@@ -181,7 +181,7 @@ def _check(x, w13, w2, ids, cfg: Tile884) -> None:
             raise KernelContractError(f"fused_moe_sm70: {name} group size {w.group_size} with K = {w.in_features}: "
                                       f"need G in 32/64/128, K % G == 0 and G % {cfg.BK} == 0")
     cfg.check()
-    if x.device.type != "cuda":
+    if not cuda_device(x.device):
         raise KernelContractError(f"fused_moe_sm70 runs on CUDA only (Gluon has no interpreter), got {x.device}")
 
 

@@ -15,13 +15,15 @@ k tile). gemm.py's sm_70 row takes it for fp16 at M >= 8 (``hmma_applies``); its
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from ...errors import KernelContractError
 from ..common.aot import AotConfig
-from ..common.arch import device_key
+from ..common.arch import cuda_device, device_key
 from ..common.int4_frag import code_layout, code_smem_layout, code_stage_layout, dequant_frag, index3, permute_k
 from ..common.mma884 import (Tile884, a_layout, a_smem_shape, acc_rows_cols, b_layout, frag_layout, mma884,
                              pick_tile, smem_layout, stage_index, stage_layout_a)
@@ -33,16 +35,20 @@ from .packing import QuantizedWeight
 # (M <= 64) is bound by the weight bytes, and every row of BM past M is tensor-core work on zeros that the V100
 # pays at 125 TFLOP/s (BM 64 at M = 8: 91 us of HMMA for 5120 x 17408 against 50 us of DRAM), so BM follows M
 # down to 16, the smallest the quad-pair layout allows (TurboMind's SM70 decode tiles are CTA M 16 / 32 too); one
-# warp row, four warps across N, keeps each warp's A fragment to one or two 8-row blocks.
+# warp row, four warps across N, keeps each warp's A fragment to one or two 8-row blocks. The decode rows (M <= 32)
+# take k tiles of 64 (groups >= 64; ``sm70_tile`` cuts BK to a group of 32): each program then has twice the bytes
+# in flight per wait, so the split below halves, and a V100 SM holds all of them at once (at BK 32, M = 32 took
+# two rounds of 5 resident programs; the projection, bench/NOTES.md: 53% -> 75% of 900 GB/s at 5120 x 17408).
 SM70_TABLE = (
-    (16, Tile884(16, 128, 32, 1, 4)),
-    (32, Tile884(32, 128, 32, 1, 4)),
+    (16, Tile884(16, 128, 64, 1, 4)),
+    (32, Tile884(32, 128, 64, 1, 4)),
     (64, Tile884(64, 128, 32, 2, 2)),
     (None, Tile884(128, 128, 32, 2, 2)),
 )
 MAX_SPLIT_K = 8
-# split K toward this many programs per SM: a 4-warp decode program holds one k tile's loads in flight, and a
-# V100 SM keeps 16 such programs resident (64 warps), so ~4 per SM are what hides a ~500-cycle DRAM latency
+# split K toward this many programs per SM at BK = 32 (proportionally fewer at larger BK: the same bytes in flight):
+# a 4-warp decode program holds one k tile's loads in flight, and a V100 SM keeps 16 such programs resident (64
+# warps), so ~4 per SM are what hides a ~500-cycle DRAM latency
 SPLIT_WAVES = 4
 
 
@@ -124,12 +130,18 @@ def w4a16_gemm_sm70_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_pt
         gl.store(part_ptr + (i_s * M + o_ym) * N + o_yn, acc, mask=m_y)
 
 
+def sm70_tile(M: int, G: int) -> Tile884:
+    """The table's tile for M rows, its k tile cut to the group size G (one scale row per k tile)."""
+    cfg = pick_tile(SM70_TABLE, M)
+    return replace(cfg, BK=G) if cfg.BK > G else cfg
+
+
 def pick_split_k(M: int, N: int, K: int, cfg: Tile884, sms: int) -> int:
-    """Split K toward SPLIT_WAVES programs per SM (small M x N leaves most of the SMs idle, or their DRAM latency
-    exposed, otherwise), rounded so that no split is empty."""
+    """Split K toward SPLIT_WAVES programs per SM at BK = 32, SPLIT_WAVES * 32 / BK at larger k tiles (small M x N
+    leaves most of the SMs idle, or their DRAM latency exposed, otherwise), rounded so that no split is empty."""
     tiles = -(-M // cfg.BM) * -(-N // cfg.BN)
     n_kb = K // cfg.BK
-    want = max(1, min(MAX_SPLIT_K, -(-SPLIT_WAVES * sms // tiles), n_kb))
+    want = max(1, min(MAX_SPLIT_K, -(-SPLIT_WAVES * sms * 32 // (tiles * cfg.BK)), n_kb))
     per = -(-n_kb // want)
     return -(-n_kb // per)
 
@@ -141,11 +153,11 @@ def w4a16_gemm_sm70(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor
     if x.dtype != torch.float16 or weight.dtype != torch.float16:
         raise KernelContractError(f"the sm_70 W4A16 GEMM takes fp16 (sm_70 has no bf16), got {x.dtype} "
                                   f"activations and {weight.dtype} scales")
-    if x.device.type != "cuda":
+    if not cuda_device(x.device):
         raise KernelContractError(f"w4a16_gemm_sm70 runs on CUDA only (Gluon has no interpreter), got {x.device}")
     M, K = x.shape
     N, G = weight.out_features, weight.group_size
-    cfg = config or pick_tile(SM70_TABLE, M)
+    cfg = config or sm70_tile(M, G)
     if K != weight.in_features or x.stride(1) != 1 or weight.qweight.dim() != 2:
         raise KernelContractError(f"x {tuple(x.shape)} (stride {x.stride()}) does not match a 2-D weight of "
                                   f"K = {weight.in_features}, or is not contiguous along K")
@@ -177,10 +189,12 @@ _SIG = {"x_ptr": "*fp16", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*fp16", 
 
 
 def aot_configs(cc: int) -> list[AotConfig]:
-    """Every tile of the sm_70 table, groups 128 and 32, split and unsplit (model K and N are multiples of 16)."""
+    """Every tile of the sm_70 table, groups 128 and 32 (BK cut to the group as ``sm70_tile`` does), split and
+    unsplit (model K and N are multiples of 16)."""
     out = []
-    for _, c in SM70_TABLE:
+    for _, t in SM70_TABLE:
         for g in (128, 32):
+            c = replace(t, BK=min(t.BK, g))
             for split in (1, 4):
                 out.append(AotConfig("w4a16_gemm_sm70_kernel", dict(_SIG),
                                      dict(G=g, BM=c.BM, BN=c.BN, BK=c.BK, WM=c.WM, WN=c.WN, SPLIT_K=split,

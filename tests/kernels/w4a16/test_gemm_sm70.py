@@ -49,6 +49,20 @@ def test_pick_split_k_fills_one_wave():
     d = Tile884(16, 128, 32, 1, 4)
     assert pick_split_k(8, 17408, 5120, d, 80) == 3
     assert pick_split_k(8, 5120, 96, d, 80) == 3                     # 3 k tiles: one each, not 8 with 5 empty
+    # k tiles of 64 hold twice the bytes in flight: half the programs per SM (2 splits, 272 programs: one round)
+    assert pick_split_k(32, 17408, 5120, Tile884(32, 128, 64, 1, 4), 80) == 2
+    assert pick_split_k(8, 1024, 5120, Tile884(16, 128, 64, 1, 4), 80) == MAX_SPLIT_K
+
+
+def test_sm70_tile_cuts_bk_to_the_group():
+    """The decode rows' k tiles of 64 need groups >= 64 (one scale row per k tile): a group of 32 takes BK 32 on the
+    same tile; prefill rows are BK 32 whatever the group."""
+    from catengine.kernels.w4a16.gemm_sm70 import SM70_TABLE, sm70_tile
+    assert [c.BK for _, c in SM70_TABLE] == [64, 64, 32, 32]
+    for m in (8, 16, 32):
+        assert sm70_tile(m, 128).BK == 64 and sm70_tile(m, 64).BK == 64 and sm70_tile(m, 32).BK == 32
+        assert sm70_tile(m, 32).BM == sm70_tile(m, 128).BM == (16 if m <= 16 else 32)
+    assert sm70_tile(64, 128).BK == sm70_tile(200, 32).BK == 32
 
 
 # ----------------------------------------------------------------------------- GPU
@@ -75,8 +89,9 @@ def _check(y, x, w, bias):
                                          (50, 256, 136, None), (77, 512, 384, 4), (130, 384, 136, None)],
                          ids=lambda v: str(v))
 def test_gpu_gemm_sm70_matches_twin(group, m, k, n, split):
-    """Every tile of the table (M 8 and 13: 16 x 128, 24: 32 x 128, 50: 64 x 128, 77 and 130: 128 x 128), M and N
-    not multiples of any tile (N 200 = 1.56 tiles of 128), explicit and picked split K. The lop3 dequantisation
+    """Every tile of the table (M 8 and 13: 16 x 128, 24: 32 x 128, both BK 64 at groups 64 / 128 and 32 at 32; 50:
+    64 x 128, 77 and 130: 128 x 128), M and N not multiples of any tile (N 200 = 1.56 tiles of 128), explicit and
+    picked split K. The lop3 dequantisation
     reorders k in the B slots and permute_k the x staging: a mismatch between the two is an O(1) error here."""
     from catengine.kernels.w4a16.gemm_sm70 import w4a16_gemm_sm70
     w = make_qweight(k, n, group, torch.float16, device="cuda", seed=group + m)
@@ -89,7 +104,7 @@ def test_gpu_gemm_sm70_matches_twin(group, m, k, n, split):
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [8, 32])
 def test_gpu_gemm_sm70_decode_real_shape(m):
-    """The 27B gate_up's K at decode M on the decode tiles with the picked split (3 at 80 SMs), asymmetric zeros."""
+    """The 27B gate_up's K at decode M on the decode tiles (BK 64) with the picked split, asymmetric zeros."""
     from catengine.kernels.w4a16.gemm_sm70 import w4a16_gemm_sm70
     w = make_qweight(5120, 1024, 128, torch.float16, device="cuda", seed=5 + m)
     x = torch.randn(m, 5120, generator=torch.Generator(device="cuda").manual_seed(m), device="cuda").half()
