@@ -33,15 +33,16 @@ def dense(tmp_path_factory):
 
 
 def record_drafts(e) -> list:
-    """Wrap the runner: every step's (seq_id, drafts) pairs, in order, read after the step (the graph path's
-    drafts reach the items' draft_tokens in the acceptance, with the target's tokens)."""
-    log, execute = [], e.runner.execute
+    """Wrap the runner: every step's (seq_id, drafts) pairs, in order, read after the step is launched (the graph
+    path's drafts reach the items' draft_tokens in the acceptance, with the target's tokens; speculating steps
+    run synchronously, so the acceptance is done when launch returns)."""
+    log, launch = [], e.runner.launch
 
-    def wrapped(out):
-        result = execute(out)
+    def wrapped(out, *args, **kwargs):
+        pending = launch(out, *args, **kwargs)
         log.append([(it.seq.seq_id, list(it.draft_tokens)) for it in out.scheduled if it.num_drafts])
-        return result
-    e.runner.execute = wrapped
+        return pending
+    e.runner.launch = wrapped
     return log
 
 
@@ -117,7 +118,7 @@ def test_draft_graphs_on_the_trained_head_accept_as_eagerly():
             assert g.num_runs > 0
         assert_clean(e)
     (out0, log0, s0), (out1, log1, s1) = runs
-    assert out1 == out0 and log1 == log0
+    assert any(log0) and out1 == out0 and log1 == log0
     assert s1["spec_decode_mean_acceptance_length"] > 1.8, s1
 
 
