@@ -399,7 +399,10 @@ def expert_parallel_gpu(fn, t, dtype, quant, ranks=4, e=256, k=8, hid=2048, inte
     else:
         w13, w2 = make_dense(e, 2 * inter, hid, dtype, "cuda", t), make_dense(e, hid, inter, dtype, "cuda", t + 1)
     x = torch.randn(t, hid, generator=torch.Generator("cuda").manual_seed(t), device="cuda").to(dtype)
-    logits = torch.randn(t, e, generator=torch.Generator("cuda").manual_seed(t + 2), device="cuda").to(dtype)
+    # distinct logits, exact in bf16 too: random ones tie in 16 bits, and the kernel may order a tie either way
+    # (test_route), which would move a choice across the ids' positions
+    g = torch.Generator().manual_seed(t + 2)
+    logits = (torch.stack([torch.randperm(e, generator=g) for _ in range(t)]) - e // 2).mul(0.25).to(dtype).cuda()
     tw, ids = reference.moe_route(logits, k)
     total = torch.zeros(t, hid, device="cuda")
     n = e // ranks
