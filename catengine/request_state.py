@@ -149,6 +149,13 @@ class RequestState:
                              self.num_cached_tokens,
                              None if self.prompt_logprobs is None else list(self.prompt_logprobs))
 
+    def clear_deltas(self) -> None:
+        """What :meth:`take_deltas` forgets, without building the deltas (a caller reading whole outputs)."""
+        for c in self.completions:
+            if c.touched:
+                c.clear_deltas()
+                c.sent_prompt_logprobs = True
+
     def take_deltas(self, now: float) -> list[StreamDelta]:
         """Deltas of the completions that changed since the last call."""
         deltas = []

@@ -314,6 +314,9 @@ def apply_penalties(logits: torch.Tensor, prompt_ids: Sequence[Sequence[int] | t
     """
     B, V = logits.shape
     device = logits.device
+    if not any(p.logit_bias or p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+               or p.min_tokens > 0 for p in params):   # the common case: one pass, no per-row output views
+        return logits
     biased = [b for b in range(B) if params[b].logit_bias]
     repeated = [b for b in range(B) if params[b].repetition_penalty != 1.0]
     counted = [b for b in range(B) if params[b].presence_penalty != 0.0 or params[b].frequency_penalty != 0.0]
