@@ -37,12 +37,16 @@ def tiny_checkpoint() -> Path:
 
 
 def decoding_engine(path: Path, batch: int, max_tokens: int) -> Engine:
-    """An engine with the model stubbed (zero hidden states and logits: greedy picks token 0) and ``batch``
-    requests past their prefill."""
+    """An engine with the model stubbed (zero hidden states and logits: greedy picks token 0), decode steps
+    through the graph runner's buffers, and ``batch`` requests past their prefill."""
     engine = Engine(str(path), max_model_len=4096, max_num_seqs=max(batch, 1), enable_prefix_caching=False)
     hidden, vocab = engine.model_config.hidden_size, engine.vocab_size
     engine.runner.forward = lambda ids, pos, b: torch.zeros(ids.shape[0], hidden)
     engine.model.compute_logits = lambda h: torch.zeros(h.shape[0], vocab)
+    # decode steps through the CUDA-graph runner's static buffers (run eagerly, the model stubbed there too),
+    # as on the GPU: its input building is host work of every decode step
+    engine.runner.enable_decode_graphs(capture=False)
+    engine.runner.graphs._forward = lambda size: torch.zeros(size, hidden)
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     for i in range(batch):
         engine.add_request(f"r{i}", list(range(1 + i, 400 + i)), params)
