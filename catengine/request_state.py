@@ -132,7 +132,10 @@ class RequestState:
 
     @property
     def finished(self) -> bool:
-        return all(c.finished for c in self.completions)
+        for c in self.completions:   # a plain loop: read twice per request per step, mostly with one completion
+            if c.finish_reason is None:
+                return False
+        return True
 
     def add_prompt_logprobs(self, first: int, entries: list[TokenLogprobs]) -> None:
         """Entries for prompt positions ``first, first + 1, ...`` (a chunk's); positions already held
