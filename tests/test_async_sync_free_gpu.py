@@ -16,22 +16,24 @@ pytestmark = pytest.mark.gpu
 CASES = {
     "greedy": dict(temperature=0.0),
     "sampled": dict(temperature=0.8, top_p=0.9, top_k=20, min_p=0.01, seed=1),
-    "min_tokens": dict(temperature=0.0, min_tokens=30),
+    "min_tokens": dict(temperature=0.0, min_tokens=30, ignore_eos=False),   # EOS masked: a real mask row
     "logit_bias": dict(temperature=0.0, logit_bias={5: 2.0, 7: -1.0}),
 }
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model_dir):
-    return Engine(str(tiny_model_dir), device="cuda", max_model_len=512, max_num_seqs=8,
-                  kv_cache_memory_bytes=64 << 20, async_scheduling=True)
+def engine():
+    engine = Engine(model=None, device="cuda", max_model_len=1024, max_num_seqs=8, async_scheduling=True,
+                    kv_cache_memory_bytes=256 << 20)
+    yield engine
+    engine.close()
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_decode_launch_does_not_synchronise(engine, case):
     runner = engine.runner
     assert runner.graphs is not None and engine.step_loop.overlap
-    params = SamplingParams(max_tokens=40, ignore_eos=True, **CASES[case])
+    params = SamplingParams(**{"max_tokens": 40, "ignore_eos": True, **CASES[case]})
     for i in range(5):
         engine.add_request(f"{case}-{i}", [1 + i + j for j in range(20)], params)
     for _ in range(4):   # prefill and the first decode steps, unwatched (eager prefill may synchronise)
