@@ -8,7 +8,8 @@ Uses a tiny random Qwen3.5 checkpoint (written once to /tmp) with a 2,048-token 
 costs little; ``batch`` requests of 399-token prompts (greedy, ignore_eos, streamed through ``Engine.step``
 as bench/bench_async_host.py drives the GPU engine) are prefilled, then ``steps`` decode steps are timed with
 async scheduling off and on (``engine.step_loop.overlap``), the best of ``repeats`` runs kept: the CPU is
-shared, so single runs are noisy. ``--profile B`` prints a cProfile of the async (``--sync``: synchronous)
+shared, so single runs are noisy. ``--deltas`` steps with ``Engine.step_deltas`` (the server's loop) instead
+of ``Engine.step``'s cumulative outputs. ``--profile B`` prints a cProfile of the async (``--sync``: synchronous)
 decode steps at batch B.
 """
 from __future__ import annotations
@@ -55,10 +56,11 @@ def decoding_engine(path: Path, batch: int, max_tokens: int) -> Engine:
     return engine
 
 
-def us_per_step(engine: Engine, steps: int) -> float:
+def us_per_step(engine: Engine, steps: int, deltas: bool = False) -> float:
+    step = engine.step_deltas if deltas else engine.step
     t0 = time.perf_counter()
     for _ in range(steps):
-        engine.step()
+        step()
     return (time.perf_counter() - t0) / steps * 1e6
 
 
@@ -69,6 +71,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--profile", type=int, default=None, help="cProfile the decode steps at this batch")
     p.add_argument("--sync", action="store_true", help="profile with async scheduling off")
+    p.add_argument("--deltas", action="store_true", help="step with Engine.step_deltas (the server's) instead of "
+                   "Engine.step (cumulative outputs, what bench_async_host.py times)")
     args = p.parse_args()
     # the stub's tensors are tiny: one thread, so that the shared CPU's thread-pool wake-ups do not dominate
     torch.set_num_threads(1)
@@ -78,7 +82,7 @@ def main() -> None:
         engine = decoding_engine(path, args.profile, budget)
         engine.step_loop.overlap = not args.sync
         prof = cProfile.Profile()
-        prof.runcall(us_per_step, engine, args.steps)
+        prof.runcall(us_per_step, engine, args.steps, args.deltas)
         pstats.Stats(prof).sort_stats("tottime").print_stats(30)
         pstats.Stats(prof).sort_stats("cumtime").print_stats(40)
         return
@@ -89,7 +93,7 @@ def main() -> None:
         for _ in range(args.repeats):
             for overlap in (False, True):
                 engine.step_loop.overlap = overlap
-                best[overlap] = min(best[overlap], us_per_step(engine, args.steps))
+                best[overlap] = min(best[overlap], us_per_step(engine, args.steps, args.deltas))
         engine.close()
         print(f"| {batch} | {best[False]:.0f} | {best[True]:.0f} |", flush=True)
 
