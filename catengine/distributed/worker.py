@@ -141,4 +141,10 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # exit as a spawned worker does (multiprocessing ends its children with os._exit): an interpreter teardown
+    # with the gloo / NCCL group and the store client still alive can race their native threads' destructors
+    # ("terminate called without an active exception", SIGABRT: seen under load in the torchrun-style test)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
