@@ -150,9 +150,17 @@ class DecodeGraphs:
             return torch.cat([t, torch.full((pad,), value, dtype=t.dtype)]) if pad else t
 
         # padding built on the host: one copy per buffer, no fill kernels
-        self.input_ids[:size].copy_(padded("input_ids", 0), non_blocking=True)
-        if prev_tokens is not None:
-            self.input_ids[:b].copy_(resolve_placeholders(self.input_ids[:b], prev_tokens))
+        if prev_tokens is not None and b <= prev_tokens.shape[0] and \
+                torch.equal(host["input_ids"], -1 - torch.arange(b)):
+            # steady async decode: row i's input is the token the step before sampled in row i (placeholder
+            # -1 - i): one device copy instead of the host ids' copy and resolve_placeholders' kernels
+            self.input_ids[:b].copy_(prev_tokens[:b])
+            if pad:
+                self.input_ids[b:size].zero_()
+        else:
+            self.input_ids[:size].copy_(padded("input_ids", 0), non_blocking=True)
+            if prev_tokens is not None:
+                self.input_ids[:b].copy_(resolve_placeholders(self.input_ids[:b], prev_tokens))
         self.positions[:size].copy_(padded("positions", 0), non_blocking=True)
         self.seq_lens[:size].copy_(padded("seq_lens", 1), non_blocking=True)
         self.slot_mapping[:size].copy_(padded("slot_mapping", -1), non_blocking=True)

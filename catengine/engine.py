@@ -268,9 +268,8 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """One step; the cumulative outputs of the requests it changed (``finished`` when done)."""
         states = self._advance()
-        now = time.time()
         for state in states:
-            state.take_deltas(now)
+            state.clear_deltas()   # the outputs are cumulative: no StreamDelta is built for them
         return [state.output() for state in states]
 
     # ------------------------------------------------------------------ batch API
@@ -311,8 +310,7 @@ class Engine:
                 # like step(), but whole outputs only for the requests that finished: building every
                 # changed request's cumulative output each step costs O(length) per request
                 for state in self._advance():
-                    for c in state.completions:
-                        c.clear_deltas()
+                    state.clear_deltas()
                     if state.finished and state.request_id in pending:
                         results[state.request_id] = state.output()
                         pending.discard(state.request_id)

@@ -132,7 +132,10 @@ class RequestState:
 
     @property
     def finished(self) -> bool:
-        return all(c.finished for c in self.completions)
+        for c in self.completions:   # a plain loop: read twice per request per step, mostly with one completion
+            if c.finish_reason is None:
+                return False
+        return True
 
     def add_prompt_logprobs(self, first: int, entries: list[TokenLogprobs]) -> None:
         """Entries for prompt positions ``first, first + 1, ...`` (a chunk's); positions already held
@@ -148,6 +151,13 @@ class RequestState:
                              [c.output() for c in self.completions], self.finished, self.metrics,
                              self.num_cached_tokens,
                              None if self.prompt_logprobs is None else list(self.prompt_logprobs))
+
+    def clear_deltas(self) -> None:
+        """What :meth:`take_deltas` forgets, without building the deltas (a caller reading whole outputs)."""
+        for c in self.completions:
+            if c.touched:
+                c.clear_deltas()
+                c.sent_prompt_logprobs = True
 
     def take_deltas(self, now: float) -> list[StreamDelta]:
         """Deltas of the completions that changed since the last call."""

@@ -38,7 +38,7 @@ from .models.batch import BatchMetadata, ModelCaches, resolve_placeholders
 from .kernels import ops
 from .logprobs import prompt_logprobs
 from .sample_rows import SampleRows, penalty_views, sample_rows
-from .sampling import SamplingParams, apply_penalties, sample
+from .sampling import SamplingParams, apply_penalties, device_tensor, sample
 from .scheduler import SchedulerOutput
 from .spec import Drafter, MTPDrafter, accept
 from .spec.drafter import fill_drafts
@@ -291,8 +291,11 @@ class ModelRunner:
                                                   sample_rows.seeds, sample_rows.steps)
         if not rows:
             return torch.empty(0, dtype=torch.int64, device=hidden.device), []
-        index = torch.tensor(last_index, dtype=torch.int64, device=hidden.device)
-        logits = self.model.compute_logits(hidden.index_select(0, index))
+        if last_index == list(range(hidden.shape[0])):   # decode: every hidden row is sampled once, in order
+            logits = self.model.compute_logits(hidden)
+        else:
+            logits = self.model.compute_logits(hidden.index_select(0, device_tensor(last_index, torch.int64,
+                                                                                    hidden.device)))
         prompts, outputs = penalty_views(rows)
         processed = apply_penalties(logits, prompts, outputs, params, self.eos_token_ids)
         if masks is not None:

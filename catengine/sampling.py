@@ -263,24 +263,34 @@ class SamplingParams:
 
 
 # ---------------------------------------------------------------------- logits processing
+def device_tensor(values: Sequence, dtype: torch.dtype, device) -> torch.Tensor:
+    """``torch.tensor(values, dtype=dtype, device=device)`` without its stream synchronisation: a host
+    tensor copied with ``non_blocking`` (from pageable memory CUDA stages the bytes before returning, so the
+    host list may go at once), so that a step's small per-row tensors do not make the host wait for the
+    GPU work queued before them (the step in flight, with async scheduling)."""
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+
 def _flat_ids(rows: Sequence[int], id_lists: Any, vocab_size: int, device) -> tuple:
     """(i, token id) int64 tensors for every id of ``id_lists[rows[i]]``, i.e. row numbers local to
     ``rows``; ids outside [0, vocab_size) are dropped (an out-of-range index is a device assert).
-    Python lists travel to the device in one copy; tensors are used as they are."""
+    Python lists are filtered on the host and travel to the device in one copy each (no boolean-mask
+    indexing on the device: its nonzero waits for the GPU); tensors are used as they are."""
     lists = [id_lists[r] for r in rows]
-    lengths = torch.tensor([len(ids) for ids in lists], dtype=torch.int64)
     if any(isinstance(ids, torch.Tensor) for ids in lists):
+        lengths = torch.tensor([len(ids) for ids in lists], dtype=torch.int64)
         cols = torch.cat([ids.to(device=device, dtype=torch.int64).reshape(-1) if isinstance(ids, torch.Tensor)
                           else torch.tensor(list(ids), dtype=torch.int64, device=device) for ids in lists])
-    else:
-        cols = torch.tensor(list(chain.from_iterable(lists)), dtype=torch.int64, device=device)
-    local = torch.repeat_interleave(torch.arange(len(rows)), lengths).to(device)
-    keep = (cols >= 0) & (cols < vocab_size)
-    return local[keep], cols[keep]
+        local = torch.repeat_interleave(torch.arange(len(rows)), lengths).to(device)
+        keep = (cols >= 0) & (cols < vocab_size)
+        return local[keep], cols[keep]
+    pairs = [(i, t) for i, ids in enumerate(lists) for t in ids if 0 <= t < vocab_size]
+    local, cols = zip(*pairs) if pairs else ((), ())
+    return device_tensor(local, torch.int64, device), device_tensor(cols, torch.int64, device)
 
 
 def _row_values(params: Sequence[SamplingParams], rows: Sequence[int], name: str, device) -> torch.Tensor:
-    return torch.tensor([getattr(params[r], name) for r in rows], dtype=torch.float32, device=device)[:, None]
+    return device_tensor([getattr(params[r], name) for r in rows], torch.float32, device)[:, None]
 
 
 def apply_penalties(logits: torch.Tensor, prompt_ids: Sequence[Sequence[int] | torch.Tensor],
@@ -304,6 +314,9 @@ def apply_penalties(logits: torch.Tensor, prompt_ids: Sequence[Sequence[int] | t
     """
     B, V = logits.shape
     device = logits.device
+    if not any(p.logit_bias or p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+               or p.min_tokens > 0 for p in params):   # the common case: one pass, no per-row output views
+        return logits
     biased = [b for b in range(B) if params[b].logit_bias]
     repeated = [b for b in range(B) if params[b].repetition_penalty != 1.0]
     counted = [b for b in range(B) if params[b].presence_penalty != 0.0 or params[b].frequency_penalty != 0.0]
@@ -315,10 +328,10 @@ def apply_penalties(logits: torch.Tensor, prompt_ids: Sequence[Sequence[int] | t
         pairs = [(b, t, v) for b in biased for t, v in params[b].logit_bias.items() if t < V]
         if pairs:
             r, t, v = zip(*pairs)
-            out.index_put_((torch.tensor(r, device=device), torch.tensor(t, device=device)),
-                           torch.tensor(v, dtype=torch.float32, device=device), accumulate=True)
+            out.index_put_((device_tensor(r, torch.int64, device), device_tensor(t, torch.int64, device)),
+                           device_tensor(v, torch.float32, device), accumulate=True)
     if repeated:
-        index = torch.tensor(repeated, device=device)
+        index = device_tensor(repeated, torch.int64, device)
         sub = out[index]
         seen = torch.zeros_like(sub, dtype=torch.bool)
         for ids in (prompt_ids, output_ids):
@@ -327,7 +340,7 @@ def apply_penalties(logits: torch.Tensor, prompt_ids: Sequence[Sequence[int] | t
         penalty = _row_values(params, repeated, "repetition_penalty", device)
         out[index] = torch.where(seen, torch.where(sub > 0, sub / penalty, sub * penalty), sub)
     if counted:
-        index = torch.tensor(counted, device=device)
+        index = device_tensor(counted, torch.int64, device)
         counts = torch.zeros(len(counted), V, dtype=torch.float32, device=device)
         r, t = _flat_ids(counted, output_ids, V, device)
         counts.index_put_((r, t), torch.ones_like(t, dtype=torch.float32), accumulate=True)
@@ -336,7 +349,7 @@ def apply_penalties(logits: torch.Tensor, prompt_ids: Sequence[Sequence[int] | t
     if masked:
         stops = {b: sorted(params[b].stop_token_set(eos_ids)) for b in masked}
         r, t = _flat_ids(masked, stops, V, device)
-        out[torch.tensor(masked, device=device)[r], t] = float("-inf")
+        out[device_tensor(masked, torch.int64, device)[r], t] = float("-inf")
     return out
 
 
@@ -373,10 +386,10 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams], seeds: Sequen
         # greedy rows switch the filters off so that the kernel takes a plain argmax
         columns = zip(*[(0.0, 0, 1.0, 0.0) if p.is_greedy else (p.temperature, p.top_k, p.top_p, p.min_p)
                         for p in params], strict=True)
-        temperature, top_k, top_p, min_p = (torch.tensor(list(c), dtype=dt, device=device) for c, dt in
+        temperature, top_k, top_p, min_p = (device_tensor(list(c), dt, device) for c, dt in
                                             zip(columns, (torch.float32, torch.int32, torch.float32, torch.float32)))
-        seed_t = torch.tensor([_wrap_int64(int(s)) for s in seeds], dtype=torch.int64, device=device)
-        step_t = torch.tensor([int(s) for s in steps], dtype=torch.int64, device=device)
+        seed_t = device_tensor([_wrap_int64(int(s)) for s in seeds], torch.int64, device)
+        step_t = device_tensor([int(s) for s in steps], torch.int64, device)
         token_ids = ops.sample_tokens(clean, temperature, top_k, top_p, min_p, seed_t, step_t).to(torch.int64)
     source = logits if raw_logits is None else raw_logits
     return token_ids, compute_logprobs(source, token_ids, params)

@@ -197,7 +197,7 @@ class Scheduler:
                 if decode_pass:
                     # a verify step computes the pending token and its drafts; short of blocks, drop the drafts
                     # before preempting anyone
-                    m = self._num_drafts(seq, budget, drafting)
+                    m = self._num_drafts(seq, budget, drafting) if drafting or seq.spare_slots else 0
                     if m and self.blocks.allocate(seq, seq.num_computed + 1 + m):
                         drafts[seq] = m
                         num_new = 1 + m
