@@ -57,6 +57,9 @@ class GDNTable:
     o_hmma: bool = False
     # split: the serial state stage likewise (chunk_h_sm70: w S and k^T v_new, the state in fp32 registers)
     h_hmma: bool = False
+    # WY: its products as slices of this many k (chunk_wy._dot_k), 0 = whole. sm_70's tl.dot is FMA, whose lowering
+    # holds a thread's operand rows and columns over the whole k in registers: the whole-k build spilled (below)
+    wy_ks: int = 0
 
 
 TABLE = {
@@ -74,7 +77,10 @@ TABLE = {
     # remains the bf16 / non-CUDA fall-back's form only in name (sm_70 has no bf16). H200, Triton 3.6, same day:
     # tests/kernels/gdn/test_chunk_sm70.py -m gpu 7 passed (output alone and both stages, dk 32 / 128, ragged,
     # 33 chunks in overlapped windows; relative error o 4.5e-4, state 3e-5-7e-5, bound 5e-3).
-    70: GDNTable(wy_warps=4, wy_dot="ieee", h_bv=32, h_warps=4, h_stages=1, o_bv=32, o_warps=4, o_stages=1,
+    # WY (2026-12-06, sm_70 AOT build, Triton 3.9's ptxas 12.9): the whole-k 4-warp build ran on 32 registers with a
+    # 16,376 B stack and 44,949 STL/LDL (8 warps 11,520 B / 16,647; 16 warps 3,032 B / 2,551); slices of 16 k on
+    # 16 warps: 128 registers, 864 B, 570 (8 warps 2,584 B / 1,848; slices of 32 on 16 warps 1,456 B / 1,285).
+    70: GDNTable(wy_warps=16, wy_dot="ieee", wy_ks=16, h_bv=32, h_warps=4, h_stages=1, o_bv=32, o_warps=4, o_stages=1,
                  scan_bv=64, scan_warps=8, scan_stages=2, rec_bv=32, rec_warps=4, prefill="split",
                  overlap_max_programs=4096, scan_overlap_max_programs=80, o_hmma=True,
                  h_hmma=True),
