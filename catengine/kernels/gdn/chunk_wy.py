@@ -53,8 +53,8 @@ def _rows(b, K: tl.constexpr, N: tl.constexpr):
 def _dot_k(a, b, acc, M: tl.constexpr, K: tl.constexpr, N: tl.constexpr, KS: tl.constexpr, DOT: tl.constexpr):
     """acc + a [M, K] @ b [K, N] as products of KS-deep slices (K in 16..128, KS = 0: one product). On sm_70 tl.dot
     is FMA, and Triton's FMA lowering holds a thread's rows of a and columns of b over the whole K in registers
-    (8 rows + 4 columns of 128 at the WY tiles: 1,536 values), so the whole-K kernel ran on 32 registers and a
-    16 KB stack; slices of 16 hold 192."""
+    (8 rows + 4 columns of 128 at the WY tiles on 4 warps: 1,536 values), so the whole-K kernel ran on 32 registers
+    and a 16 KB stack; a slice of 16 holds 192 (table.py has the builds)."""
     if KS == 0 or K <= KS:
         acc = tl.dot(a, b, acc, input_precision=DOT)
     else:
@@ -151,9 +151,13 @@ def gdn_chunk_wy_kernel(k, v, g, beta, w, u, kn, qsl, cu_chunks, c_lo, B, HV, R,
     if t >= eos:
         return
     DT = w.dtype.element_ty
+    # w and u in column blocks of CB: with sliced products (sm_70) 64, so that a block's operand columns and its
+    # accumulator stay in registers (table.py)
+    CB: tl.constexpr = 64 if KS > 0 else BK
+    CV: tl.constexpr = 64 if KS > 0 else BV
     o_t = tl.arange(0, 64)
-    o_k = tl.arange(0, BK)
-    o_v = tl.arange(0, BV)
+    o_k = tl.arange(0, CB)
+    o_v = tl.arange(0, CV)
     m_t = (t + o_t) < eos
     o_tt = (t + o_t).to(tl.int64)
     b_x, b_n, b_g, b_b = _wy_inverse(k, g, beta, t, eos, i_h, i_hk, stride_k_t, stride_k_h, stride_g_t,
@@ -164,18 +168,21 @@ def gdn_chunk_wy_kernel(k, v, g, beta, w, u, kn, qsl, cu_chunks, c_lo, B, HV, R,
     b_x = b_x.to(DT)
     o_r = o_tt * HV + i_h
     tl.store(kn + o_r, b_n, mask=m_t)
-    m_tk = m_t[:, None] & (o_k < K)[None, :]
-    # [64, BK]
-    b_k = tl.load(k + o_tt[:, None] * stride_k_t + i_hk * stride_k_h + o_k[None, :], mask=m_tk, other=0.)
-    b_w = _dot_k(b_x, (b_k.to(tl.float32) * (b_n * b_b * tl.exp(b_g))[:, None]).to(DT),
-                 tl.zeros((64, BK), tl.float32), 64, 64, BK, KS, DOT)
-    tl.store(w + o_r[:, None] * K + o_k[None, :], b_w.to(DT), mask=m_tk)
-    # [64, BV]
-    m_tv = m_t[:, None] & (o_v < V)[None, :]
-    b_v = tl.load(v + o_tt[:, None] * stride_v_t + i_h * stride_v_h + o_v[None, :], mask=m_tv, other=0.)
-    b_u = _dot_k(b_x, (b_v.to(tl.float32) * b_b[:, None]).to(DT), tl.zeros((64, BV), tl.float32), 64, 64, BV, KS,
-                 DOT)
-    tl.store(u + o_r[:, None] * V + o_v[None, :], b_u.to(DT), mask=m_tv)
+    f_k = b_n * b_b * tl.exp(b_g)
+    for c0 in tl.static_range(0, BK, CB):
+        # [64, CB]
+        m_tk = m_t[:, None] & (c0 + o_k < K)[None, :]
+        b_k = tl.load(k + o_tt[:, None] * stride_k_t + i_hk * stride_k_h + c0 + o_k[None, :], mask=m_tk, other=0.)
+        b_w = _dot_k(b_x, (b_k.to(tl.float32) * f_k[:, None]).to(DT), tl.zeros((64, CB), tl.float32), 64, 64, CB,
+                     KS, DOT)
+        tl.store(w + o_r[:, None] * K + c0 + o_k[None, :], b_w.to(DT), mask=m_tk)
+    for c0 in tl.static_range(0, BV, CV):
+        # [64, CV]
+        m_tv = m_t[:, None] & (c0 + o_v < V)[None, :]
+        b_v = tl.load(v + o_tt[:, None] * stride_v_t + i_h * stride_v_h + c0 + o_v[None, :], mask=m_tv, other=0.)
+        b_u = _dot_k(b_x, (b_v.to(tl.float32) * b_b[:, None]).to(DT), tl.zeros((64, CV), tl.float32), 64, 64, CV,
+                     KS, DOT)
+        tl.store(u + o_r[:, None] * V + c0 + o_v[None, :], b_u.to(DT), mask=m_tv)
 
 
 @triton.jit

@@ -77,10 +77,13 @@ TABLE = {
     # remains the bf16 / non-CUDA fall-back's form only in name (sm_70 has no bf16). H200, Triton 3.6, same day:
     # tests/kernels/gdn/test_chunk_sm70.py -m gpu 7 passed (output alone and both stages, dk 32 / 128, ragged,
     # 33 chunks in overlapped windows; relative error o 4.5e-4, state 3e-5-7e-5, bound 5e-3).
-    # WY (2026-12-06, sm_70 AOT build, Triton 3.9's ptxas 12.9): the whole-k 4-warp build ran on 32 registers with a
-    # 16,376 B stack and 44,949 STL/LDL (8 warps 11,520 B / 16,647; 16 warps 3,032 B / 2,551); slices of 16 k on
-    # 16 warps: 128 registers, 864 B, 570 (8 warps 2,584 B / 1,848; slices of 32 on 16 warps 1,456 B / 1,285).
-    70: GDNTable(wy_warps=16, wy_dot="ieee", wy_ks=16, h_bv=32, h_warps=4, h_stages=1, o_bv=32, o_warps=4, o_stages=1,
+    # WY (2026-12-06, sm_70 AOT builds at dk = dv = 128, Triton 3.9 / ptxas 12.9; bench/NOTES.md): whole-k products
+    # on 4 warps ran on 32 registers with a 16,376 B stack a thread (44,949 STL/LDL), on 8 / 16 warps 11,520 / 3,032 B.
+    # Slices of 16 k (wy_ks) with w and u in 64-column blocks on 8 warps: 255 registers, 456 B (439 STL/LDL); on 16
+    # warps ptxas took 64 registers and spilled more (1,616 B; 128 forced: 968 B); slices of 16 with whole w, u
+    # blocks on 16 warps 864 B. V100 projection of the 27B 8K WY (dry run): 4,071 us + 157 GB of spills before,
+    # 2,797 us + 2.8 GB now.
+    70: GDNTable(wy_warps=8, wy_dot="ieee", wy_ks=16, h_bv=32, h_warps=4, h_stages=1, o_bv=32, o_warps=4, o_stages=1,
                  scan_bv=64, scan_warps=8, scan_stages=2, rec_bv=32, rec_warps=4, prefill="split",
                  overlap_max_programs=4096, scan_overlap_max_programs=80, o_hmma=True,
                  h_hmma=True),
