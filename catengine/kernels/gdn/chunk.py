@@ -31,6 +31,7 @@ from .chunk_o import gdn_chunk_o_kernel
 from .chunk_h_sm70 import h_hmma_applies, state_launch
 from .chunk_o_sm70 import o_hmma_applies, output_launch
 from .chunk_wy import gdn_chunk_inv_kernel, gdn_chunk_wy_kernel
+from .chunk_wy_sm70 import wy_hmma_applies, wy_launch_sm70
 from .table import AOT_DIMS, BT, SPLIT_MIN_BLOCK, TABLE, GDNTable, aot_config, aot_dtype, device_table, pad, prepare
 
 
@@ -79,9 +80,9 @@ def chunk_steps(q, k, v, g, beta, ssm_states, qsl, state_slots, has_init, scale,
     # the split's serial kernel holds the state in 64-row blocks, at most two (dk <= 128, the model's). A row whose
     # split is there for its HMMA.884 stages (sm_70) runs the scan where none of them applies (not fp16, not CUDA):
     # its own tl.dot split build (1 stage) is the one that hit an illegal address on the H200 (table.py)
-    hmma_row = cfg.o_hmma or cfg.h_hmma
+    hmma_row = cfg.o_hmma or cfg.h_hmma or cfg.wy_hmma
     split = cfg.prefill == "split" and q.shape[2] <= 128 and (
-        not hmma_row or o_hmma_applies(cfg, v.dtype, v.device) or h_hmma_applies(cfg, v.dtype, v.device))
+        not hmma_row or any(f(cfg, v.dtype, v.device) for f in (o_hmma_applies, h_hmma_applies, wy_hmma_applies)))
     make = _split_launches if split else _scan_launches
     wy, serial, out, n_serial, max_programs, min_chunks = make(q, k, v, g, beta, o, ssm_states, qsl, cu, state_slots,
                                                                has_init, float(scale), bool(use_qk_l2norm), nb, nt, cfg)
@@ -124,7 +125,11 @@ def _split_launches(q, k, v, g, beta, o, ssm, qsl, cu, slots, has_init, scale, l
     wbk = max(SPLIT_MIN_BLOCK, bk)
     hbv, obv = min(cfg.h_bv, bv), min(cfg.o_bv, bv)
     dev, dt, r = v.device, v.dtype, hv // hk
-    w, u, kn, wy = wy_launch(k, v, g, beta, qsl, cu, nb, nt, l2, cfg)
+    # sm_70: the products on HMMA.884 (Gluon) where the row says so, for fp16 on CUDA
+    if wy_hmma_applies(cfg, dt, dev):
+        w, u, kn, wy = wy_launch_sm70(k, v, g, beta, qsl, cu, nb, nt, l2)
+    else:
+        w, u, kn, wy = wy_launch(k, v, g, beta, qsl, cu, nb, nt, l2, cfg)
     vn = torch.empty((t, hv, dv), dtype=dt, device=dev)
     hb = torch.empty((nt, hv, dk, dv), dtype=dt, device=dev)  # the state at each chunk's start
 
@@ -134,7 +139,6 @@ def _split_launches(q, k, v, g, beta, o, ssm, qsl, cu, slots, has_init, scale, l
             g.stride(0), ssm.stride(0), K=dk, V=dv, BK=wbk, BV=hbv, num_warps=cfg.h_warps, num_stages=cfg.h_stages)
 
     n_state = nb * hv * triton.cdiv(dv, hbv)
-    # sm_70: the products on HMMA.884 (Gluon) where the row says so, for fp16 on CUDA
     if h_hmma_applies(cfg, dt, dev):
         state, n_state = state_launch(k, w, u, g, kn, vn, hb, ssm, qsl, cu, slots, has_init, nb, nt)
     if o_hmma_applies(cfg, dt, dev):
@@ -240,7 +244,8 @@ def aot_configs(cc: int) -> list[AotConfig]:
                                         "cu_chunks": i32},
                    dict(AOT_DIMS, BV=c.o_bv), c.o_warps, c.o_stages, f"chunk_o_{dt}", True),
         aot_config(gdn_chunk_inv_kernel, {"k": p, "g": f32, "beta": f32, "x": p, "qsl": i32, "cu_chunks": i32},
-                   dict(K=128, BK=128, USE_L2NORM=True, DOT=c.wy_dot, KS=c.wy_ks), c.wy_warps, 1, f"chunk_inv_{dt}", True),
+                   dict(K=128, BK=128, USE_L2NORM=True, DOT=c.wy_dot, KS=c.wy_ks), c.wy_warps, 1, f"chunk_inv_{dt}",
+                   True),
         aot_config(gdn_chunk_scan_kernel, dict(seq, q=p, k=p, v=p, x=p, g=f32, beta=f32, o=p, ssm=f32),
                    dict(AOT_DIMS, BV=c.scan_bv), c.scan_warps, c.scan_stages, f"chunk_scan_{dt}", True),
         aot_config(gdn_chunk_offsets_kernel, {"qsl": i32, "cu_chunks": i32}, {"BT": BT, "BB": 128}, 4, 1,
