@@ -15,7 +15,7 @@ from catengine.errors import KernelContractError
 from catengine.kernels.gdn import chunk as gdr
 from catengine.kernels.gdn import naive as ref
 from catengine.kernels.gdn import table as gdn_table
-from catengine.kernels.gdn.chunk_wy_sm70 import wy_hmma_applies, wy_launch_sm70
+from catengine.kernels.gdn.chunk_wy_sm70 import B_STAGE_PERM, wy_hmma_applies, wy_launch_sm70
 
 from .test_gated_delta_rule import TOL, _case, _qsl, _rel
 
@@ -112,3 +112,28 @@ def test_wy_sm70_gpu_matches_twin(lens, hk, r, dk, l2):
           f"(tl.dot WY {e[2]:.2e} {e[3]:.2e})")
     torch.testing.assert_close(kn, kn_ref, rtol=1e-5, atol=1e-6)
     assert max(e) < FP16_TOL
+
+
+def _acc_map(m):
+    """A [64, 64] matrix on the m8n8k4 accumulator map [mb, nb, h, l, i] (common/mma884.py's C map)."""
+    mb, nb, h, ll, i = torch.meshgrid(*(torch.arange(n) for n in (8, 8, 2, 4, 8)), indexing="ij")
+    return m[8 * mb + (ll & 1) + (i & 2) + 4 * h, 8 * nb + (i & 4) + (ll & 2) + (i & 1)]
+
+
+def _staged(m, b_operand):
+    """A [64, 64] matrix in the A staging order [(step, mb), h, l, k] (A[8 mb + 4 h + l, 8 step + k]) or the B one
+    [(step, nb), h, l, k] (B[8 step + k, 8 nb + 4 h + l])."""
+    step, blk, h, ll, k = torch.meshgrid(*(torch.arange(n) for n in (8, 8, 2, 4, 8)), indexing="ij")
+    rc = (8 * step + k, 8 * blk + 4 * h + ll) if b_operand else (8 * blk + 4 * h + ll, 8 * step + k)
+    return m[rc].reshape(64, 2, 4, 8)
+
+
+def test_stage_permutations_put_the_accumulator_in_operand_order():
+    """The register permutations the kernel stages its tiles with (accumulator map -> A / B staging order), run on
+    torch tensors: gl.reshape / gl.permute have torch's logical semantics, whatever layout Gluon gives the result.
+    The A one is chunk_o_sm70's _to_a_stage (GPU-tested there), which checks this test's staging convention."""
+    m = torch.arange(64 * 64).reshape(64, 64)
+    x = _acc_map(m)
+    a = x.reshape(8, 8, 2, 2, 2, 2, 2, 2).permute(1, 0, 2, 6, 4, 5, 3, 7).reshape(64, 2, 4, 8)   # _to_a_stage
+    b = x.reshape(8, 8, 2, 2, 2, 2, 2, 2).permute(*B_STAGE_PERM.value).reshape(64, 2, 4, 8)   # _to_b_stage
+    assert torch.equal(a, _staged(m, False)) and torch.equal(b, _staged(m, True))
