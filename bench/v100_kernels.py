@@ -29,7 +29,7 @@ HMMA_TABLES = ("catengine.kernels.w4a16.gemm", "catengine.kernels.moe.fused", "c
 # module does not have are skipped, so a family's switch can be listed before its kernel lands
 HMMA_SWITCHES = (("catengine.kernels.w4a16.gemm", "hmma_applies"), ("catengine.kernels.moe.fused", "hmma_moe_applies"),
                  ("catengine.kernels.attention.paged", "sm70_applies"), ("catengine.kernels.gdn.chunk", "h_hmma_applies"),
-                 ("catengine.kernels.gdn.chunk", "o_hmma_applies"))
+                 ("catengine.kernels.gdn.chunk", "o_hmma_applies"), ("catengine.kernels.gdn.chunk", "wy_hmma_applies"))
 
 
 @contextlib.contextmanager
@@ -269,6 +269,8 @@ TRIPS: dict[str, Callable[[dict, dict], tuple]] = {
     "gdn_chunk_o_sm70_kernel": lambda a, s: (a["BK"] / min(a["BK"], 32),),
     "gdn_chunk_scan_kernel": lambda a, s: ((a["c_hi"] - a["c_lo"]) / s["B"],),
     "gdn_chunk_wy_kernel": lambda a, s: (14,),
+    # one loop over dk in steps of 32 (the block merges and w, u are unrolled)
+    "gdn_chunk_wy_sm70_kernel": lambda a, s: (a["BK"] / 32,),
     "gdn_chunk_inv_kernel": lambda a, s: (14,),
     "gdn_recurrent_kernel": lambda a, s: (s["L"],),
 }
@@ -306,7 +308,7 @@ def _gdn_window_bytes(launch, s: dict) -> float:
 
 
 DRAM: dict[str, Callable] = {k: _gdn_window_bytes for k in (
-    "gdn_chunk_wy_kernel", "gdn_chunk_inv_kernel", "gdn_chunk_h_kernel", "gdn_chunk_h_sm70_kernel", "gdn_chunk_o_kernel",
+    "gdn_chunk_wy_kernel", "gdn_chunk_wy_sm70_kernel", "gdn_chunk_inv_kernel", "gdn_chunk_h_kernel", "gdn_chunk_h_sm70_kernel", "gdn_chunk_o_kernel",
     "gdn_chunk_o_sm70_kernel", "gdn_chunk_scan_kernel")}
 DRAM.update({k: _moe_bytes for k in (
     "_moe_gemm_kernel", "moe_gemm_kernel", "moe_gemm_sm70_kernel", "_moe_up_row_kernel", "moe_up_row_kernel",

@@ -201,11 +201,11 @@ def _matmul_path(op: str, row: int, dot: str) -> str:
         t = TABLE[row]
         if t.prefill != "split":
             return f"{dot} (the row runs the scan form" + ("; its HMMA.884 stages are the split form's)"
-                                                          if t.o_hmma or t.h_hmma else ")")
-        state, output = (hmma + " (fp16)" if on else dot for on in (t.h_hmma, t.o_hmma))
-        if state == output == dot:
+                                                          if t.o_hmma or t.h_hmma or t.wy_hmma else ")")
+        wy, state, output = (hmma + " (fp16)" if on else dot for on in (t.wy_hmma, t.h_hmma, t.o_hmma))
+        if wy == state == output == dot:
             return f"{dot} (split form)"
-        return f"split form: WY step {dot}; state {state}; output {output}"
+        return f"split form: WY {wy}; state {state}; output {output}"
     raise AssertionError(f"{op} is not one of MATMUL_OPS")
 
 

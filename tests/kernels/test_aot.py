@@ -25,6 +25,7 @@ AOT_MODULES = (
     "catengine.kernels.attention.paged_sm70",
     "catengine.kernels.gdn.chunk_o_sm70",
     "catengine.kernels.gdn.chunk_h_sm70",
+    "catengine.kernels.gdn.chunk_wy_sm70",
     "catengine.kernels.moe.fused_sm70",
     "catengine.kernels.w8a16.gemv",
 )

@@ -96,12 +96,13 @@ def test_v100_with_a_torch_that_has_sm70_is_fine_and_says_which_path_runs(monkey
     monkeypatch.setitem(gdn_table.TABLE, 70, dataclasses.replace(row, prefill="scan"))
     assert paths()["chunk_gated_delta_rule"].startswith("tl.dot -> FMA (the row runs the scan form")
     monkeypatch.setitem(gdn_table.TABLE, 70, dataclasses.replace(row, prefill="split"))
-    assert paths()["chunk_gated_delta_rule"] == ("split form: WY step tl.dot -> FMA; state HMMA.884 Gluon (fp16); "
+    assert paths()["chunk_gated_delta_rule"] == ("split form: WY HMMA.884 Gluon (fp16); state HMMA.884 Gluon (fp16); "
                                                  "output HMMA.884 Gluon (fp16)")
     # the row's HMMA.884 choices off: every matrix product is FMA again
     monkeypatch.setitem(w4a16_gemm.TABLES, "sm70", dataclasses.replace(w4a16_gemm.TABLES["sm70"], hmma_min_m=None))
     monkeypatch.setitem(moe_fused.TABLES, "sm70", dataclasses.replace(moe_fused.TABLES["sm70"], hmma=False))
-    monkeypatch.setitem(gdn_table.TABLE, 70, dataclasses.replace(row, prefill="split", o_hmma=False, h_hmma=False))
+    monkeypatch.setitem(gdn_table.TABLE, 70, dataclasses.replace(row, prefill="split", o_hmma=False, h_hmma=False,
+                                                                      wy_hmma=False))
     monkeypatch.setattr(paged_sm70, "ENABLED", False)
     p = paths()
     assert not any("HMMA.884 Gluon" in p[op] for op in doctor.MATMUL_OPS), p

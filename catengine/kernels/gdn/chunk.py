@@ -31,6 +31,7 @@ from .chunk_o import gdn_chunk_o_kernel
 from .chunk_h_sm70 import h_hmma_applies, state_launch
 from .chunk_o_sm70 import o_hmma_applies, output_launch
 from .chunk_wy import gdn_chunk_inv_kernel, gdn_chunk_wy_kernel
+from .chunk_wy_sm70 import wy_hmma_applies, wy_launch_sm70
 from .table import AOT_DIMS, BT, SPLIT_MIN_BLOCK, TABLE, GDNTable, aot_config, aot_dtype, device_table, pad, prepare
 
 
@@ -79,9 +80,9 @@ def chunk_steps(q, k, v, g, beta, ssm_states, qsl, state_slots, has_init, scale,
     # the split's serial kernel holds the state in 64-row blocks, at most two (dk <= 128, the model's). A row whose
     # split is there for its HMMA.884 stages (sm_70) runs the scan where none of them applies (not fp16, not CUDA):
     # its own tl.dot split build (1 stage) is the one that hit an illegal address on the H200 (table.py)
-    hmma_row = cfg.o_hmma or cfg.h_hmma
+    hmma_row = cfg.o_hmma or cfg.h_hmma or cfg.wy_hmma
     split = cfg.prefill == "split" and q.shape[2] <= 128 and (
-        not hmma_row or o_hmma_applies(cfg, v.dtype, v.device) or h_hmma_applies(cfg, v.dtype, v.device))
+        not hmma_row or any(f(cfg, v.dtype, v.device) for f in (o_hmma_applies, h_hmma_applies, wy_hmma_applies)))
     make = _split_launches if split else _scan_launches
     wy, serial, out, n_serial, max_programs, min_chunks = make(q, k, v, g, beta, o, ssm_states, qsl, cu, state_slots,
                                                                has_init, float(scale), bool(use_qk_l2norm), nb, nt, cfg)
@@ -93,6 +94,27 @@ def chunk_steps(q, k, v, g, beta, ssm_states, qsl, state_slots, has_init, scale,
     return o, [("+".join(names) + " overlapped", lambda: _overlapped(offsets, wy, serial, out, windows, cfg, v.device))]
 
 
+def wy_launch(k, v, g, beta, qsl, cu, nb: int, nt: int, l2: bool, cfg: GDNTable):
+    """The split's WY stage over a window of chunks [c_lo, c_hi) (the host side's ``wy``) and the tensors it fills:
+    w [T, Hv, dk], u [T, Hv, dv] in v's dtype, the key norms kn [T, Hv] fp32 (1 / |k| per token and value head).
+    k [T, Hk, dk], v [T, Hv, dv], g and beta [T, Hv] fp32 with unit stride in their last dim; cu [nb + 1] the
+    int32 chunk offsets of the nb sequences, nt >= their number of chunks."""
+    t, hk, dk = k.shape
+    hv, dv = v.shape[1:]
+    wbk, wbv = max(SPLIT_MIN_BLOCK, pad(dk)), max(SPLIT_MIN_BLOCK, pad(dv))
+    w = torch.empty((t, hv, dk), dtype=v.dtype, device=v.device)
+    u = torch.empty((t, hv, dv), dtype=v.dtype, device=v.device)
+    kn = torch.empty((t, hv), dtype=torch.float32, device=v.device)
+
+    def wy(c_lo=0, c_hi=nt):
+        gdn_chunk_wy_kernel[(c_hi - c_lo, hv)](
+            k, v, g, beta, w, u, kn, qsl, cu, c_lo, nb, hv, hv // hk, k.stride(0), k.stride(1), v.stride(0),
+            v.stride(1), g.stride(0), beta.stride(0), K=dk, V=dv, BK=wbk, BV=wbv, USE_L2NORM=l2, DOT=cfg.wy_dot,
+            KS=cfg.wy_ks, num_warps=cfg.wy_warps, num_stages=1)
+
+    return w, u, kn, wy
+
+
 def _split_launches(q, k, v, g, beta, o, ssm, qsl, cu, slots, has_init, scale, l2, nb, nt, cfg):
     """WY (w, u, key norms), the serial state kernel and the output kernel, each over a window of
     chunks [c_lo, c_hi); plus the serial kernel's program count and the table's window bounds."""
@@ -100,20 +122,16 @@ def _split_launches(q, k, v, g, beta, o, ssm, qsl, cu, slots, has_init, scale, l
     hv, dv = v.shape[1:]
     bk, bv = pad(dk), pad(dv)
     # the WY and the serial kernel share the padded key block
-    wbk, wbv = max(SPLIT_MIN_BLOCK, bk), max(SPLIT_MIN_BLOCK, bv)
+    wbk = max(SPLIT_MIN_BLOCK, bk)
     hbv, obv = min(cfg.h_bv, bv), min(cfg.o_bv, bv)
     dev, dt, r = v.device, v.dtype, hv // hk
-    w = torch.empty((t, hv, dk), dtype=dt, device=dev)
-    u = torch.empty((t, hv, dv), dtype=dt, device=dev)
+    # sm_70: the products on HMMA.884 (Gluon) where the row says so, for fp16 on CUDA
+    if wy_hmma_applies(cfg, dt, dev):
+        w, u, kn, wy = wy_launch_sm70(k, v, g, beta, qsl, cu, nb, nt, l2)
+    else:
+        w, u, kn, wy = wy_launch(k, v, g, beta, qsl, cu, nb, nt, l2, cfg)
     vn = torch.empty((t, hv, dv), dtype=dt, device=dev)
     hb = torch.empty((nt, hv, dk, dv), dtype=dt, device=dev)  # the state at each chunk's start
-    kn = torch.empty((t, hv), dtype=torch.float32, device=dev)  # 1 / |k| per token (and value head)
-
-    def wy(c_lo=0, c_hi=nt):
-        gdn_chunk_wy_kernel[(c_hi - c_lo, hv)](
-            k, v, g, beta, w, u, kn, qsl, cu, c_lo, nb, hv, r, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            g.stride(0), beta.stride(0), K=dk, V=dv, BK=wbk, BV=wbv, USE_L2NORM=l2, DOT=cfg.wy_dot,
-            num_warps=cfg.wy_warps, num_stages=1)
 
     def state(c_lo=0, c_hi=nt):
         gdn_chunk_h_kernel[(nb * hv, triton.cdiv(dv, hbv))](
@@ -121,7 +139,6 @@ def _split_launches(q, k, v, g, beta, o, ssm, qsl, cu, slots, has_init, scale, l
             g.stride(0), ssm.stride(0), K=dk, V=dv, BK=wbk, BV=hbv, num_warps=cfg.h_warps, num_stages=cfg.h_stages)
 
     n_state = nb * hv * triton.cdiv(dv, hbv)
-    # sm_70: the products on HMMA.884 (Gluon) where the row says so, for fp16 on CUDA
     if h_hmma_applies(cfg, dt, dev):
         state, n_state = state_launch(k, w, u, g, kn, vn, hb, ssm, qsl, cu, slots, has_init, nb, nt)
     if o_hmma_applies(cfg, dt, dev):
@@ -148,7 +165,7 @@ def _scan_launches(q, k, v, g, beta, o, ssm, qsl, cu, slots, has_init, scale, l2
     def wy(c_lo=0, c_hi=nt):
         gdn_chunk_inv_kernel[(c_hi - c_lo, hv)](
             k, g, beta, x, qsl, cu, c_lo, nb, hv, r, k.stride(0), k.stride(1), g.stride(0), beta.stride(0),
-            K=dk, BK=bk, USE_L2NORM=l2, DOT=cfg.wy_dot, num_warps=cfg.wy_warps, num_stages=1)
+            K=dk, BK=bk, USE_L2NORM=l2, DOT=cfg.wy_dot, KS=cfg.wy_ks, num_warps=cfg.wy_warps, num_stages=1)
 
     def scan(c_lo=0, c_hi=nt):
         gdn_chunk_scan_kernel[(nb * hv, triton.cdiv(dv, sbv))](
@@ -214,12 +231,12 @@ def aot_configs(cc: int) -> list[AotConfig]:
     h_ptrs = dict(seq, k=p, w=p, u=p, g=f32, kn=f32, vn=p, hb=p, ssm=f32)
     wy_ptrs = {"k": p, "v": p, "g": f32, "beta": f32, "w": p, "u": p, "kn": f32, "qsl": i32, "cu_chunks": i32}
     return [
-        aot_config(gdn_chunk_wy_kernel, wy_ptrs, dict(AOT_DIMS, BV=128, DOT=c.wy_dot), c.wy_warps, 1,
+        aot_config(gdn_chunk_wy_kernel, wy_ptrs, dict(AOT_DIMS, BV=128, DOT=c.wy_dot, KS=c.wy_ks), c.wy_warps, 1,
                    f"chunk_wy_{dt}", True),
         aot_config(gdn_chunk_h_kernel, h_ptrs, {"K": 128, "V": 128, "BK": 128, "BV": c.h_bv}, c.h_warps, c.h_stages,
                    f"chunk_h_{dt}", True),
         aot_config(gdn_chunk_wy_kernel, wy_ptrs, dict(K=32, V=32, BK=SPLIT_MIN_BLOCK, BV=SPLIT_MIN_BLOCK,
-                                                      USE_L2NORM=True, DOT=c.wy_dot),
+                                                      USE_L2NORM=True, DOT=c.wy_dot, KS=c.wy_ks),
                    c.wy_warps, 1, f"chunk_wy_dk32_{dt}", True),
         aot_config(gdn_chunk_h_kernel, h_ptrs, {"K": 32, "V": 32, "BK": SPLIT_MIN_BLOCK, "BV": min(c.h_bv, 32)},
                    c.h_warps, c.h_stages, f"chunk_h_dk32_{dt}", True),
@@ -227,7 +244,8 @@ def aot_configs(cc: int) -> list[AotConfig]:
                                         "cu_chunks": i32},
                    dict(AOT_DIMS, BV=c.o_bv), c.o_warps, c.o_stages, f"chunk_o_{dt}", True),
         aot_config(gdn_chunk_inv_kernel, {"k": p, "g": f32, "beta": f32, "x": p, "qsl": i32, "cu_chunks": i32},
-                   dict(K=128, BK=128, USE_L2NORM=True, DOT=c.wy_dot), c.wy_warps, 1, f"chunk_inv_{dt}", True),
+                   dict(K=128, BK=128, USE_L2NORM=True, DOT=c.wy_dot, KS=c.wy_ks), c.wy_warps, 1, f"chunk_inv_{dt}",
+                   True),
         aot_config(gdn_chunk_scan_kernel, dict(seq, q=p, k=p, v=p, x=p, g=f32, beta=f32, o=p, ssm=f32),
                    dict(AOT_DIMS, BV=c.scan_bv), c.scan_warps, c.scan_stages, f"chunk_scan_{dt}", True),
         aot_config(gdn_chunk_offsets_kernel, {"qsl": i32, "cu_chunks": i32}, {"BT": BT, "BB": 128}, 4, 1,

@@ -182,3 +182,32 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, ssm_states, query_start_loc, st
                 ssm_states[int(intermediate_state_slots[b, t])] = S.to(ssm_states.dtype)
         ssm_states[slot] = S.to(ssm_states.dtype)
     return out
+
+
+def chunk_wy(k, v, g, beta, query_start_loc, use_qk_l2norm: bool = True, chunk_size: int = 64):
+    """The split form's WY stage alone (chunk_wy.gdn_chunk_wy_kernel): per chunk of each sequence, with G the
+    chunk's cumulative log decay, n = 1 / |k| (1 without ``use_qk_l2norm``), A = strictly-lower
+    beta_i (n_i k_i . n_j k_j) e^{G_i - G_j} and X = (I + A)^-1: w = X (beta n k e^G), u = X (beta v).
+
+    k: [T, Hk, dk]; v: [T, Hv, dv]; g, beta: [T, Hv] fp32. Returns w [T, Hv, dk], u [T, Hv, dv] in v.dtype and
+    the key norms n [T, Hv] fp32."""
+    rep = v.shape[1] // k.shape[1]
+    kf = k.float().repeat_interleave(rep, 1)
+    kn = torch.rsqrt((kf * kf).sum(-1) + 1e-6) if use_qk_l2norm else torch.ones(kf.shape[:2], device=k.device)
+    kf = kf * kn[:, :, None]
+    w, u = torch.empty_like(kf, dtype=v.dtype), torch.empty_like(v)
+    qsl = query_start_loc.tolist()
+    for b in range(len(qsl) - 1):
+        for c0 in range(qsl[b], qsl[b + 1], chunk_size):
+            c1 = min(c0 + chunk_size, qsl[b + 1])
+            n = c1 - c0
+            kc, vc = kf[c0:c1].transpose(0, 1), v[c0:c1].float().transpose(0, 1)  # [Hv, n, *]
+            gc = g[c0:c1].float().t().cumsum(-1)
+            bc = beta[c0:c1].float().t()
+            decay = (gc[:, :, None] - gc[:, None, :]).clamp_max(0).exp().tril(-1)
+            a = torch.eye(n, device=k.device) + bc[:, :, None] * (kc @ kc.transpose(1, 2)) * decay
+            rhs = torch.cat([kc * (bc * gc.exp())[:, :, None], vc * bc[:, :, None]], dim=-1)
+            wu = torch.linalg.solve_triangular(a, rhs, upper=False, unitriangular=True)
+            w[c0:c1] = wu[..., :kc.shape[-1]].transpose(0, 1).to(v.dtype)
+            u[c0:c1] = wu[..., kc.shape[-1]:].transpose(0, 1).to(v.dtype)
+    return w, u, kn

@@ -57,6 +57,11 @@ class GDNTable:
     o_hmma: bool = False
     # split: the serial state stage likewise (chunk_h_sm70: w S and k^T v_new, the state in fp32 registers)
     h_hmma: bool = False
+    # split: the WY stage on HMMA.884 (chunk_wy_sm70: K K^T, the block merges of (I + A)^-1, w and u)
+    wy_hmma: bool = False
+    # WY: its products as slices of this many k (chunk_wy._dot_k), 0 = whole. sm_70's tl.dot is FMA, whose lowering
+    # holds a thread's operand rows and columns over the whole k in registers: the whole-k build spilled (below)
+    wy_ks: int = 0
 
 
 TABLE = {
@@ -70,14 +75,22 @@ TABLE = {
     # there at all; with this one the mid-size dense / MoE models agree with float32 transformers on 0.998 /
     # 1.0 of 512 teacher-forced tokens (tests/test_arch70_gpu.py). Its speed on a V100 is unknown either way.
     # o_hmma / h_hmma (2026-12-03): the split form's output and state products on HMMA.884 (chunk_o_sm70.py,
-    # chunk_h_sm70.py), so the row now runs the split (its WY step stays tl.dot, FMA on sm_70); the scan above
+    # chunk_h_sm70.py), so the row now runs the split (its WY step then stayed tl.dot, FMA on sm_70); the scan above
     # remains the bf16 / non-CUDA fall-back's form only in name (sm_70 has no bf16). H200, Triton 3.6, same day:
     # tests/kernels/gdn/test_chunk_sm70.py -m gpu 7 passed (output alone and both stages, dk 32 / 128, ragged,
     # 33 chunks in overlapped windows; relative error o 4.5e-4, state 3e-5-7e-5, bound 5e-3).
-    70: GDNTable(wy_warps=4, wy_dot="ieee", h_bv=32, h_warps=4, h_stages=1, o_bv=32, o_warps=4, o_stages=1,
+    # WY (2026-12-06, sm_70 AOT builds at dk = dv = 128, Triton 3.9 / ptxas 12.9; bench/NOTES.md): whole-k products
+    # on 4 warps ran on 32 registers with a 16,376 B stack a thread (44,949 STL/LDL), on 8 / 16 warps 11,520 / 3,032 B.
+    # Slices of 16 k (wy_ks) with w and u in 64-column blocks on 8 warps: 255 registers, 456 B (439 STL/LDL); on 16
+    # warps ptxas took 64 registers and spilled more (1,616 B; 128 forced: 968 B); slices of 16 with whole w, u
+    # blocks on 16 warps 864 B. V100 projection of the 27B 8K WY (dry run): 4,071 us + 157 GB of spills before,
+    # 2,797 us + 2.8 GB now. The tl.dot WY is the fall-back of wy_hmma (2026-12-06: the WY stage on HMMA.884,
+    # chunk_wy_sm70.py; projected 519 us, the GDN op 1,771 us; not yet run on a GPU when set: if
+    # tests/kernels/gdn/test_chunk_wy_sm70.py -m gpu fails, clear wy_hmma and the sliced tl.dot WY runs).
+    70: GDNTable(wy_warps=8, wy_dot="ieee", wy_ks=16, h_bv=32, h_warps=4, h_stages=1, o_bv=32, o_warps=4, o_stages=1,
                  scan_bv=64, scan_warps=8, scan_stages=2, rec_bv=32, rec_warps=4, prefill="split",
                  overlap_max_programs=4096, scan_overlap_max_programs=80, o_hmma=True,
-                 h_hmma=True),
+                 h_hmma=True, wy_hmma=True),
     # sm_90, H200, 2026-12-01 (bench_gdn.py, whole op, ms at 1 x 8K / 1 x 64K / 8 x 4K ragged; sweep rows
     # checked against the table's output). This row with h 2 stages and o 8 warps: split 0.95 / 6.23 / 3.05,
     # scan 1.11 / 7.90 / 3.63,

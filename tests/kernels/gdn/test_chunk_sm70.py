@@ -132,7 +132,8 @@ SPLIT_CASES = [(True, False, *c) for c in SHAPES] + [(True, True, *c) for c in S
 @pytest.mark.gpu
 @pytest.mark.parametrize("o_hmma,h_hmma,dk,lens,hk,r", SPLIT_CASES)
 def test_chunk_gated_delta_rule_gpu_sm70_split(o_hmma, h_hmma, dk, lens, hk, r):
-    """The whole op on the sm_70 row in its split form, so that its stages are chunk_o_sm70 (and chunk_h_sm70). Without h_hmma the serial state kernel takes the sm_90 row's dv block /
+    """The whole op on the sm_70 row in its split form, so that its stages are chunk_o_sm70 (and chunk_h_sm70 with
+    chunk_wy_sm70; without them the sliced tl.dot WY). Without h_hmma the serial state kernel takes the sm_90 row's dv block /
     warps / stages: the sm_70 row's 1-stage tl.dot build hit an illegal address on the H200 (table.py), which
     this test is not about."""
     names = ["wy+h+o overlapped"] if len(lens) == 1 else ["offsets", "wy", "h", "o"]
@@ -145,7 +146,7 @@ def _sm70_split_check(dk, lens, hk, r, o_hmma, h_hmma, names):
     has = torch.tensor([i % 2 == 0 for i in range(len(lens))], device="cuda")   # with and without a state
     h90 = gdn_table.TABLE[90]
     table = dataclasses.replace(gdn_table.TABLE[70], prefill="split", h_bv=h90.h_bv, h_warps=h90.h_warps,
-                                h_stages=h90.h_stages, o_hmma=o_hmma, h_hmma=h_hmma)
+                                h_stages=h90.h_stages, o_hmma=o_hmma, h_hmma=h_hmma, wy_hmma=h_hmma)
     assert o_hmma_applies(table, q.dtype, q.device) and h_hmma_applies(table, q.dtype, q.device) == h_hmma
     scale = dk ** -0.5
     ssm_ref = ssm.clone()
