@@ -33,8 +33,9 @@ from .chunk_o_sm70 import _chunk_of, _to_a_stage, check_o_sm70
 
 # 64 tokens x 64 (tokens or a 64-column block of dk / dv) on 4 warps as 2 x 2, k steps of 32 over dk
 SM70_WY_TILE = Tile884(64, 64, 32, 2, 2)
-# _to_b_stage's permutation of the split accumulator dims (tested on torch tensors on CPU)
-B_STAGE_PERM = gl.constexpr((0, 1, 5, 3, 7, 2, 6, 4))
+# _to_b_stage's permutation of the split accumulator dims (tested on torch tensors on CPU; the kernel spells it as a
+# literal: Triton 3.6's gl.permute takes no constexpr tuple, a test checks the two agree)
+B_STAGE_PERM = (0, 1, 5, 3, 7, 2, 6, 4)
 
 
 @gluon.jit
@@ -45,7 +46,7 @@ def _to_b_stage(x, MB: gl.constexpr, NB: gl.constexpr):
     # dims after the split: mb, nb, h, l1, l0, i2, i1, i0
     x = gl.reshape(x, [MB, NB, 2, 2, 2, 2, 2, 2])
     # -> mb, nb, i2, (l1, i0), (h, i1, l0)
-    x = gl.permute(x, B_STAGE_PERM)
+    x = gl.permute(x, [0, 1, 5, 3, 7, 2, 6, 4])
     return gl.reshape(x, [MB * NB, 2, 4, 8])
 
 
