@@ -328,28 +328,30 @@ def apply_penalties(logits: torch.Tensor, prompt_ids: Sequence[Sequence[int] | t
         pairs = [(b, t, v) for b in biased for t, v in params[b].logit_bias.items() if t < V]
         if pairs:
             r, t, v = zip(*pairs)
-            out.index_put_((device_tensor(r, torch.int64, device), device_tensor(t, torch.int64, device)),
-                           device_tensor(v, torch.float32, device), accumulate=True)
+            # flat scatters, not index_put_: its CUDA accumulate path sorts and reads a count back (a stream
+            # synchronisation inside the launch); a row's bias ids are distinct, so the adds do not race
+            flat = device_tensor([b * V + i for b, i in zip(r, t)], torch.int64, device)
+            out.view(-1).scatter_add_(0, flat, device_tensor(v, torch.float32, device))
     if repeated:
         index = device_tensor(repeated, torch.int64, device)
         sub = out[index]
         seen = torch.zeros_like(sub, dtype=torch.bool)
         for ids in (prompt_ids, output_ids):
             r, t = _flat_ids(repeated, ids, V, device)
-            seen[r, t] = True
+            seen.view(-1).index_fill_(0, r * V + t, True)
         penalty = _row_values(params, repeated, "repetition_penalty", device)
         out[index] = torch.where(seen, torch.where(sub > 0, sub / penalty, sub * penalty), sub)
     if counted:
         index = device_tensor(counted, torch.int64, device)
         counts = torch.zeros(len(counted), V, dtype=torch.float32, device=device)
         r, t = _flat_ids(counted, output_ids, V, device)
-        counts.index_put_((r, t), torch.ones_like(t, dtype=torch.float32), accumulate=True)
+        counts.view(-1).scatter_add_(0, r * V + t, torch.ones_like(t, dtype=torch.float32))   # whole counts: exact
         out[index] -= (_row_values(params, counted, "frequency_penalty", device) * counts
                        + _row_values(params, counted, "presence_penalty", device) * (counts > 0).float())
     if masked:
         stops = {b: sorted(params[b].stop_token_set(eos_ids)) for b in masked}
         r, t = _flat_ids(masked, stops, V, device)
-        out[device_tensor(masked, torch.int64, device)[r], t] = float("-inf")
+        out.view(-1).index_fill_(0, device_tensor(masked, torch.int64, device)[r] * V + t, float("-inf"))
     return out
 
 
