@@ -65,10 +65,20 @@ def _cross_family_attributes(source: str, module: str, is_package: bool) -> list
     return out
 
 
+# torch 2.11 has symmetric memory (the optional one-shot all-reduce of issue 22) only under private names; the
+# one module that needs them is named here, each name on its own, so nothing else may reach into torch's privates
+TORCH_PRIVATE_OK = {
+    "catengine.distributed.oneshot: from torch._C._distributed_c10d import _register_process_group",
+    "catengine.distributed.oneshot: from torch._C._distributed_c10d import _SymmetricMemory",
+    "catengine.distributed.oneshot: from torch.distributed import _symmetric_memory",
+}
+
+
 def test_no_private_name_is_imported_anywhere_in_catengine():
     found = []
     for path in sorted(ROOT.rglob("*.py")):
         found += violations(path.read_text(), _module_name(path), path.name == "__init__.py")
+    found = [f for f in found if f not in TORCH_PRIVATE_OK]
     assert not found, "private names imported across modules:\n" + "\n".join(found)
 
 

@@ -44,7 +44,7 @@ def o_block(dv_block: int) -> int:
 
 
 @gluon.jit
-def _chunk_of(qsl, cu_chunks, B, i_c):
+def chunk_of(qsl, cu_chunks, B, i_c):
     """(first token, end of its sequence) of global chunk i_c, as chunk_wy.chunk_of (binary search)."""
     lo = i_c * 0
     hi = lo + B
@@ -79,7 +79,7 @@ def _vectors(q, g, vec, t, eos, i_h, i_hk, scale, stride_q_t, stride_q_h, stride
 
 
 @gluon.jit
-def _to_a_stage(x, MB: gl.constexpr, NB: gl.constexpr):
+def to_a_stage(x, MB: gl.constexpr, NB: gl.constexpr):
     """A [64, 64] tile from the accumulator map [mb, nb, h, l, i] (row 8 mb + (l & 1) + (i & 2) + 4 h, column
     8 nb + (i & 4) + (l & 2) + (i & 1)) into the A staging order [(nb, mb), h, l', k'] (row 8 mb + 4 h + l',
     column 8 nb + k'), where the next product's k is this tile's column: l' = l0 + 2 i1, k' = i0 + 2 l1 + 4 i2."""
@@ -99,7 +99,7 @@ def gdn_chunk_o_sm70_kernel(q, k, vn, hb, g, kn, o, vec, qsl, cu_chunks, c_lo, B
     i_h = gl.program_id(1)
     i_v = gl.program_id(2)
     i_hk = i_h // R
-    t, eos = _chunk_of(qsl, cu_chunks, B, i_c)
+    t, eos = chunk_of(qsl, cu_chunks, B, i_c)
     if t < eos:
         NW: gl.constexpr = WM * WN
         MB: gl.constexpr = 8                 # 64 rows (tokens) of 8
@@ -161,7 +161,7 @@ def gdn_chunk_o_sm70_kernel(q, k, vn, hb, g, kn, o, vec, qsl, cu_chunks, c_lo, B
         n_c = gl.load(kn + (t + cols).to(gl.int64) * HV + i_h, mask=(t + cols) < eos, other=0.0)
         a = gl.where(rows >= cols, acc_a * n_c * gl.exp(gl.minimum(g_r - g_c, 0.0)), 0.0)
         s_a = gl.allocate_shared_memory(gl.float16, a_smem_shape(64, 64), smem_layout())
-        s_a.store(_to_a_stage(a.to(gl.float16), MB, NA))
+        s_a.store(to_a_stage(a.to(gl.float16), MB, NA))
 
         # v_new [64 tokens, BV] as the B operand of A v_new, contiguous along dv
         dv, hv, lv, kv = stage_index(8 * NBV, LB)

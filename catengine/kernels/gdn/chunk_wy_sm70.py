@@ -13,7 +13,7 @@ on. Per program (chunk, value head), 4 warps as 2 x 2 on 64 x 64 tiles:
   10-bit mantissa, and rounds X to the activation dtype for w, u anyway; bench/NOTES.md has the emulated error).
 - w = X (beta k e^g / |k|), u = X (beta v) in 64-column blocks.
 The accumulator map is not the operand map: a tile goes to shared memory in the A or the B staging order through a
-register permutation (``_to_a_stage`` / ``_to_b_stage``). The per-row vectors (cumulative decay, 1 / |k|, beta)
+register permutation (``to_a_stage`` / ``to_b_stage``). The per-row vectors (cumulative decay, 1 / |k|, beta)
 are computed in 1-D layouts and read back per accumulator through a global scratch of 192 floats per program, as
 in chunk_o_sm70.
 
@@ -29,17 +29,17 @@ from ..common.aot import AotConfig
 from ..common.arch import cuda_device
 from ..common.mma884 import (Tile884, a_layout, a_smem_shape, acc_rows_cols, b_layout, b_smem_shape, cta_barrier,
                              cumsum, frag_layout, mma884, smem_layout, stage_index, stage_layout_a, stage_layout_b)
-from .chunk_o_sm70 import _chunk_of, _to_a_stage, check_o_sm70
+from .chunk_o_sm70 import chunk_of, to_a_stage, check_o_sm70
 
 # 64 tokens x 64 (tokens or a 64-column block of dk / dv) on 4 warps as 2 x 2, k steps of 32 over dk
 SM70_WY_TILE = Tile884(64, 64, 32, 2, 2)
-# _to_b_stage's permutation of the split accumulator dims (tested on torch tensors on CPU; the kernel spells it as a
+# to_b_stage's permutation of the split accumulator dims (tested on torch tensors on CPU; the kernel spells it as a
 # literal: Triton 3.6's gl.permute takes no constexpr tuple, a test checks the two agree)
 B_STAGE_PERM = (0, 1, 5, 3, 7, 2, 6, 4)
 
 
 @gluon.jit
-def _to_b_stage(x, MB: gl.constexpr, NB: gl.constexpr):
+def to_b_stage(x, MB: gl.constexpr, NB: gl.constexpr):
     """A [64, 64] tile from the accumulator map [mb, nb, h, l, i] (row 8 mb + (l & 1) + (i & 2) + 4 h, column
     8 nb + (i & 4) + (l & 2) + (i & 1)) into the B staging order [(mb, nb), h', l', k'] (row 8 mb + k', column
     8 nb + 4 h' + l'), the next product's k being this tile's row: k' = l0 + 2 i1 + 4 h, h' = i2, l' = i0 + 2 l1."""
@@ -117,7 +117,7 @@ def gdn_chunk_wy_sm70_kernel(k, v, g, beta, w, u, kn, vec, qsl, cu_chunks, c_lo,
     i_c = gl.program_id(0) + c_lo
     i_h = gl.program_id(1)
     i_hk = i_h // R
-    t, eos = _chunk_of(qsl, cu_chunks, B, i_c)
+    t, eos = chunk_of(qsl, cu_chunks, B, i_c)
     if t < eos:
         NW: gl.constexpr = WM * WN
         KS: gl.constexpr = 32
@@ -165,14 +165,14 @@ def gdn_chunk_wy_sm70_kernel(k, v, g, beta, w, u, kn, vec, qsl, cu_chunks, c_lo,
         for lv in gl.static_range(1, 6):
             off = gl.where((rows >> (lv + 1) == cols >> (lv + 1)) & (rows >> lv != cols >> lv), a, 0.0)
             xh = x.to(gl.float16)
-            s_xa.store(_to_a_stage(xh, 8, 8))
-            s_xb.store(_to_b_stage(xh, 8, 8))
-            s_ob.store(_to_b_stage(off.to(gl.float16), 8, 8))
+            s_xa.store(to_a_stage(xh, 8, 8))
+            s_xb.store(to_b_stage(xh, 8, 8))
+            s_ob.store(to_b_stage(off.to(gl.float16), 8, 8))
             p = _product(s_xa, s_ob, WM, WN)
-            s_pa.store(_to_a_stage(p.to(gl.float16), 8, 8))
+            s_pa.store(to_a_stage(p.to(gl.float16), 8, 8))
             x = x - _product(s_pa, s_xb, WM, WN)
 
-        s_xa.store(_to_a_stage(x.to(gl.float16), 8, 8))
+        s_xa.store(to_a_stage(x.to(gl.float16), 8, 8))
         s_b = gl.allocate_shared_memory(gl.float16, b_smem_shape(64, 64), smem_layout())
         for c0 in gl.static_range(0, BK, 64):
             _wu_block(k, w, s_xa, s_b, p_vec, t, eos, i_h, i_hk, c0, HV, stride_k_t, stride_k_h, K, True, WM, WN)

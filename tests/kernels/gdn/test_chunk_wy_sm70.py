@@ -135,15 +135,15 @@ def test_stage_permutations_put_the_accumulator_in_operand_order():
     m = torch.arange(64 * 64).reshape(64, 64)
     x = _acc_map(m)
     a = x.reshape(8, 8, 2, 2, 2, 2, 2, 2).permute(1, 0, 2, 6, 4, 5, 3, 7).reshape(64, 2, 4, 8)   # _to_a_stage
-    b = x.reshape(8, 8, 2, 2, 2, 2, 2, 2).permute(*B_STAGE_PERM).reshape(64, 2, 4, 8)   # _to_b_stage
+    b = x.reshape(8, 8, 2, 2, 2, 2, 2, 2).permute(*B_STAGE_PERM).reshape(64, 2, 4, 8)   # to_b_stage
     assert torch.equal(a, _staged(m, False)) and torch.equal(b, _staged(m, True))
 
 
 def test_b_stage_kernel_uses_the_tested_permutation():
-    """The kernel spells _to_b_stage's permutation as a literal (Triton 3.6's gl.permute refuses a constexpr
+    """The kernel spells to_b_stage's permutation as a literal (Triton 3.6's gl.permute refuses a constexpr
     tuple); it must be the one the staging test above checks."""
     import inspect
 
     from catengine.kernels.gdn import chunk_wy_sm70
-    src = inspect.getsource(chunk_wy_sm70._to_b_stage.fn)
+    src = inspect.getsource(chunk_wy_sm70.to_b_stage.fn)
     assert f"gl.permute(x, {list(B_STAGE_PERM)})" in src
