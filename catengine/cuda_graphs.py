@@ -167,12 +167,17 @@ class DecodeGraphs:
         self.state_slots[:size].copy_(padded("state_slots", self.pad_state_slot), non_blocking=True)
         self.has_initial_state[:size].copy_(torch.arange(size) < b, non_blocking=True)
         self.block_tables[:b, :width].copy_(host["block_tables"], non_blocking=True)
+        return self._replay(size, b)
+
+    def _replay(self, size: int, rows: int) -> torch.Tensor:
+        """Replay graph ``size`` over the static buffers just filled (capture=False: its forward, eagerly); the
+        first ``rows`` rows of its output."""
         self.num_runs += 1
         if not self.capture:
-            return self._forward(size)[:b]
+            return self._forward(size)[:rows]
         graph, out = self._graphs[size]
         graph.replay()
-        return out[:b]
+        return out[:rows]
 
 
 def _ranges(sizes: list[int]) -> str:

@@ -119,12 +119,7 @@ class DraftGraphs(DecodeGraphs):
         self._i64[size].copy_(torch.tensor(flat, dtype=torch.int64), **nb)
         self.block_tables[:b, : block_tables.shape[1]].copy_(block_tables, **nb)
         torch.index_select(kept_rows, 0, self._views[size][3], out=self.cu_hidden[: size * self.query_len])
-        self.num_runs += 1
-        if not self.capture:
-            return self._forward(size)[:b]
-        graph, out = self._graphs[size]
-        graph.replay()
-        return out[:b]
+        return self._replay(size, b)
 
 
 def build_draft_graphs(runner, drafter, capture: bool = True, num_drafts: int | None = None) -> DraftGraphs | None:

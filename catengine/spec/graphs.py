@@ -115,12 +115,7 @@ class VerifyGraphs(DecodeGraphs):
         if drafts is not None:
             self._i64[size][: b * q].view(b, q)[:, 1:].copy_(drafts)
         self.block_tables[:b, : table.shape[1]].copy_(table, non_blocking=True)
-        self.num_runs += 1
-        if not self.capture:
-            return self._forward(size)[: b * q]
-        graph, out = self._graphs[size]
-        graph.replay()
-        return out[: b * q]
+        return self._replay(size, b * q)
 
     def run_items(self, items, drafts: torch.Tensor | None = None) -> torch.Tensor:
         """Hidden states [b * q, H] of a uniform verify step (:meth:`covers`), its inputs built here from the

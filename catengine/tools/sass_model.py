@@ -160,17 +160,7 @@ def ldg_bytes(opcode: str) -> int:
     """Bytes one warp requests from L1/L2 with a global load or cp.async (0 for anything else; TMA's UTMALDG moves
     a box its descriptor sizes, which the SASS does not show)."""
     parts = opcode.split(".")
-    if parts[0] not in ("LDG", "LDGSTS"):
-        return 0
-    width = 4
-    for p in parts[1:]:
-        if p in ("128", "64"):
-            width = int(p) // 8
-        elif p in ("U8", "S8"):
-            width = 1
-        elif p in ("U16", "S16"):
-            width = 2
-    return 32 * width
+    return 32 * _width(parts) if parts[0] in ("LDG", "LDGSTS") else 0
 
 
 def local_bytes(opcode: str) -> int:
@@ -178,8 +168,11 @@ def local_bytes(opcode: str) -> int:
     registers); 0 for anything else. Not in any bound: on the V100 they hit L1 or go to L2, which the SASS does not
     say; the tables print them beside a kernel whose SASS has them."""
     parts = opcode.split(".")
-    if parts[0] not in ("LDL", "STL"):
-        return 0
+    return 32 * _width(parts) if parts[0] in ("LDL", "STL") else 0
+
+
+def _width(parts: list[str]) -> int:
+    """Bytes per lane of a load or store from its opcode's modifiers (32-bit unless one says otherwise)."""
     width = 4
     for p in parts[1:]:
         if p in ("128", "64"):
@@ -188,7 +181,7 @@ def local_bytes(opcode: str) -> int:
             width = 1
         elif p in ("U16", "S16"):
             width = 2
-    return 32 * width
+    return width
 
 
 _REG = re.compile(r"\bR(\d+)\b")
