@@ -5,7 +5,7 @@
 
 Lifecycle of a request (docs/architecture.md has the full walk-through): ``add_request`` ->
 ``prepare_request`` (tokenize, validate, draw seeds) -> ``Scheduler.add`` ... each ``step``:
-``Scheduler.schedule`` -> ``ModelRunner.execute`` -> ``Scheduler.update`` -> ``Completion.add_token``
+``Scheduler.schedule`` -> ``ModelRunner.launch`` -> ``Scheduler.update`` -> ``Completion.add_token``
 (detokenize, stop checks) -> ``Scheduler.finish`` -> outputs; with async scheduling the host does one
 step's schedule and the previous step's outputs while the device runs (catengine/step_loop.py). Not
 thread-safe: one thread drives an Engine (``AsyncEngine`` runs it on its own thread).
