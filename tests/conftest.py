@@ -25,9 +25,13 @@ def _shim_interpreter_index():
     from triton.runtime import interpreter
     original = interpreter._patch_lang_tensor
 
-    def patch_lang_tensor(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+    def patch_lang_tensor(tensor, scope=None):   # 3.6 passes a patch scope, 3.5 sets attributes directly
+        if scope is None:
+            original(tensor)
+            tensor.__index__ = lambda self: int(self.handle.data.squeeze())
+        else:
+            original(tensor, scope)
+            scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
     interpreter._patch_lang_tensor = patch_lang_tensor
 
 
