@@ -55,6 +55,17 @@ def build_graphs(cls, model, caches, **kwargs):
     return remote(cls, caches, **kwargs) if remote is not None else cls(model, caches, **kwargs)
 
 
+def captured(graphs, what: str):
+    """``graphs`` with every size captured, or None when the capture failed: serving eagerly beats not serving,
+    and the log says why those steps (``what``: decode steps, verify steps, draft passes) are slower."""
+    try:
+        graphs.capture_all()
+    except Exception:  # noqa: BLE001
+        log.exception("%s CUDA graph capture failed; %s run eagerly", what.split()[0], what)
+        return None
+    return graphs
+
+
 class DecodeGraphs:
     kind = "decode"   # in the capture log line
 

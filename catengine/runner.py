@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import EngineConfig
-from .cuda_graphs import DecodeGraphs, build_graphs, capture_sizes
+from .cuda_graphs import DecodeGraphs, build_graphs, capture_sizes, captured
 from .memory import MemoryPlan, cuda_cache_budget, plan_memory
 from .models.batch import BatchMetadata, ModelCaches, resolve_placeholders
 from .kernels import ops
@@ -142,12 +142,7 @@ class ModelRunner:
         graphs = build_graphs(DecodeGraphs, self.model, self.caches, batch_sizes=sizes,
                               max_model_len=plan.max_model_len, pad_state_slot=plan.pad_state_slot,
                               device=self.device, capture=capture)
-        try:
-            graphs.capture_all()
-        except Exception:   # serving eagerly beats not serving; the log says why it is slower
-            log.exception("decode CUDA graph capture failed; running eagerly (as with enforce_eager)")
-            return
-        self.graphs = graphs
+        self.graphs = captured(graphs, "decode steps")
 
     def close(self) -> None:
         """Drop the model, the caches and the graphs (which hold the caches and their memory pool): the

@@ -127,7 +127,7 @@ def build_draft_graphs(runner, drafter, capture: bool = True, num_drafts: int | 
     ``num_drafts``); None when nothing is to capture or the capture failed (logged: drafting then runs eagerly)."""
     import logging
 
-    from ..cuda_graphs import capture_sizes
+    from ..cuda_graphs import capture_sizes, captured
     cfg, plan, model = runner.config, runner.memory_plan, runner.model
     sizes = capture_sizes(cfg.cuda_graph_sizes, min(cfg.max_num_seqs, cfg.speculative_disable_by_batch_size))
     if not sizes:
@@ -141,9 +141,4 @@ def build_draft_graphs(runner, drafter, capture: bool = True, num_drafts: int | 
                          greedy=drafter.greedy, hidden_size=model.config.hidden_size, dtype=model.dtype,
                          max_model_len=plan.max_model_len, pad_state_slot=plan.pad_state_slot, device=runner.device,
                          capture=capture)
-    try:
-        graphs.capture_all()
-    except Exception:   # drafting eagerly beats not serving; the log says why it is slower
-        logging.getLogger("catengine").exception("MTP draft CUDA graph capture failed; draft passes run eagerly")
-        return None
-    return graphs
+    return captured(graphs, "MTP draft passes")

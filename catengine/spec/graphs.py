@@ -127,9 +127,7 @@ def build_verify_graphs(runner, capture: bool = True, num_drafts: int | None = N
     """Capture the verify graphs of ``runner`` (batch sizes up to the drafting limit, q = k+1, or
     ``num_drafts`` + 1); None when nothing is to capture or the capture failed (logged: verify steps then run
     eagerly)."""
-    import logging
-
-    from ..cuda_graphs import capture_sizes
+    from ..cuda_graphs import capture_sizes, captured
     cfg, plan = runner.config, runner.memory_plan
     limit = min(cfg.max_num_seqs, cfg.speculative_disable_by_batch_size)
     sizes = capture_sizes(cfg.cuda_graph_sizes, limit)
@@ -138,9 +136,4 @@ def build_verify_graphs(runner, capture: bool = True, num_drafts: int | None = N
     graphs = build_graphs(VerifyGraphs, runner.model, runner.caches, batch_sizes=sizes,
                           query_len=(num_drafts or cfg.num_speculative_tokens) + 1, max_model_len=plan.max_model_len,
                           pad_state_slot=plan.pad_state_slot, device=runner.device, capture=capture)
-    try:
-        graphs.capture_all()
-    except Exception:   # serving eagerly beats not serving; the log says why it is slower
-        logging.getLogger("catengine").exception("verify CUDA graph capture failed; verify steps run eagerly")
-        return None
-    return graphs
+    return captured(graphs, "verify steps")
