@@ -17,12 +17,22 @@ def _prompts(engine):
     return [ids[i * 300:i * 300 + 40 + 7 * i] for i in range(6)]
 
 
-def test_mtp_on_cuda_matches_greedy_and_accepts():
-    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """(prompts, greedy tokens without speculation): what every speculative run here must reproduce."""
     base = Engine(model=None, device="cuda", max_num_seqs=8, max_model_len=2048, gpu_memory_utilization=0.3)
     prompts = _prompts(base)
-    want = [list(o.outputs[0].token_ids) for o in base.generate(prompts, params)]
+    want = [list(o.outputs[0].token_ids) for o in base.generate(prompts, GREEDY)]
     base.close()
+    return prompts, want
+
+
+def test_mtp_on_cuda_matches_greedy_and_accepts(reference):
+    prompts, want = reference
+    params = GREEDY
     engine = Engine(model=None, device="cuda", max_num_seqs=8, max_model_len=2048, gpu_memory_utilization=0.3,
                     speculative_config={"method": "mtp", "num_speculative_tokens": 3})
     assert engine.runner.verify_graphs is not None, "the verify CUDA graphs were not captured (see the log)"
@@ -52,14 +62,11 @@ def test_mtp_on_cuda_matches_greedy_and_accepts():
     eager.close()
 
 
-def test_reduced_draft_vocabulary_on_cuda_keeps_the_tokens():
+def test_reduced_draft_vocabulary_on_cuda_keeps_the_tokens(reference):
     """The draft lm_head over the 2,048 lowest ids of the demo model's 8,192 (inside the draft graphs): greedy
     tokens unchanged, drafts still accepted."""
-    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
-    base = Engine(model=None, device="cuda", max_num_seqs=8, max_model_len=2048, gpu_memory_utilization=0.3)
-    prompts = _prompts(base)
-    want = [list(o.outputs[0].token_ids) for o in base.generate(prompts, params)]
-    base.close()
+    prompts, want = reference
+    params = GREEDY
     engine = Engine(model=None, device="cuda", max_num_seqs=8, max_model_len=2048, gpu_memory_utilization=0.3,
                     speculative_config={"method": "mtp", "num_speculative_tokens": 3, "draft_vocab_size": 2048})
     assert engine.runner.drafter.draft_ids is not None and engine.runner.drafter.graphs is not None
