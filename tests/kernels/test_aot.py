@@ -28,7 +28,10 @@ AOT_MODULES = (
     "catengine.kernels.gdn.chunk_wy_sm70",
     "catengine.kernels.moe.fused_sm70",
     "catengine.kernels.w8a16.gemv",
+    "catengine.kernels.w4a16.gemm_mma",
 )
+# mma.sync m16n8k16 kernels: no sm_70 build (the HMMA.884 modules above serve sm_70)
+SM80_ONLY = ("catengine.kernels.w4a16.gemm_mma",)
 
 
 def test_aot_list_names_every_module_with_aot_configs():
@@ -46,6 +49,9 @@ def test_aot_list_names_every_module_with_aot_configs():
 @pytest.mark.parametrize("cc", [70, 90])
 def test_module_compiles(module, cc):
     results = compile_module(module, cc)
+    if cc < 80 and module in SM80_ONLY:
+        assert results == []
+        return
     assert results, f"{module} lists no aot_configs for sm_{cc}"
     for r in results:
         if cc == 70:
@@ -55,8 +61,9 @@ def test_module_compiles(module, cc):
             # read off the cubin's ELF (aot.cubin_resources); spills are bench/aot_table.py's to report (under Triton
             # 3.9 gemm884's 128 x 128 tile keeps a 40-byte stack frame at 255 registers)
             assert 0 < r["registers"] <= 255 and r["stack"] is not None, r
-        # every Gluon kernel is an HMMA.884 kernel: its products must reach m8n8k4, not FMA
-        assert not r["gluon"] or r["mma884"], f"{r}: a Gluon kernel without mma.sync.aligned.m8n8k4 in its PTX"
+        # every Gluon kernel is a tensor-core kernel: its products must reach m8n8k4 (sm_70 modules) or m16n8k16
+        # (the sm_80+ ones), not FMA
+        assert not r["gluon"] or r["mma884"] or r["mma16816"], f"{r}: a Gluon kernel without mma.sync in its PTX"
         # a single-slot pipelined buffer read by an asynchronous wgmma that is still in flight when
         # the next tile's copy lands: wrong results on Hopper only (the interpreter runs it right)
         assert not r["overwritten_wgmma_operands"], f"{r}: the next tile's copy overwrites wgmma operands"

@@ -67,7 +67,7 @@ def compile_config(module, cfg: AotConfig, cc: int) -> dict:
     return {"kernel": cfg.kernel, "name": cfg.name, "cc": cc, "gluon": gluon, "shared": k.metadata.shared,
             "registers": res["registers"], "stack": res["stack"],
             "forbidden": [s for s in SM70_FORBIDDEN_PTX if s in ptx] if cc < 80 else [],
-            "mma884": has_mma884,
+            "mma884": has_mma884, "mma16816": "mma.sync.aligned.m16n8k16" in ptx,
             "sass_hmma884": sass_has_hmma884(k.asm["cubin"]) if cc < 80 and has_mma884 else None,
             "overwritten_wgmma_operands": overwritten_wgmma_operands(k.asm.get("ttgir", ""))}
 

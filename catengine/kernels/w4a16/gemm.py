@@ -44,6 +44,7 @@ from ..common.splitk import REDUCE_BLOCK, splitk_reduce_kernel
 from .packing import QuantizedWeight
 from .gemv import w4a16_gemv_kernel
 from .gemm_sm70 import w4a16_gemm_sm70
+from .gemm_mma import MmaTile, mma_applies, w4a16_gemm_mma
 
 
 # ---------------------------------------------------------------- dequantisation helpers
@@ -182,6 +183,9 @@ class ArchTable:
     # sm_70: from this M on, fp16 GEMMs run on the tensor cores (HMMA.884, gemm_sm70.py) instead of tl.dot,
     # which Triton >= 3.3 lowers to FMA there; None: tl.dot only
     hmma_min_m: int | None = None
+    # sm_80+: fp16 GEMMs of M above gemv_max_m up to the last bound run on mma.sync m16n8k16 with the weight in
+    # registers (gemm_mma.py); ((max_m, MmaTile), ...) ascending, () for tl.dot only
+    mma: tuple = ()
 
 
 MAX_SPLIT_K = 32
@@ -207,14 +211,14 @@ TABLES = {
         (64, GemmConfig(64, 64, 128, 4, 3, waves=4)),
         (256, GemmConfig(64, 128, 64, 4, 3)),
         (1 << 30, GemmConfig(128, 128, 64, 8, 3)),
-    )),
+    ), mma=((16, MmaTile(1, 2, 4)), (24, MmaTile(2, 1, 4)))),
     "sm90": ArchTable(2, GemvConfig(64, 512, 4, 1, 8, m_rows=2, prefetch=False, fused_reduce=True, pdl=True), (
         (16, GemmConfig(16, 64, 128, 4, 3, waves=8)),
         (32, GemmConfig(32, 64, 128, 4, 3, waves=8)),
         (64, GemmConfig(64, 64, 128, 4, 3, waves=4)),
         (256, GemmConfig(128, 128, 64, 8, 3)),
         (1 << 30, GemmConfig(256, 128, 64, 8, 4)),
-    )),
+    ), mma=((16, MmaTile(1, 2, 4)), (24, MmaTile(2, 1, 4)))),
 }
 
 
@@ -313,6 +317,14 @@ def hmma_applies(table: ArchTable, m: int, x2, weight: QuantizedWeight) -> bool:
             and weight.in_features % weight.group_size == 0 and weight.qweight.dim() == 2)
 
 
+def mma_tile(table: ArchTable, m: int, x2, weight: QuantizedWeight) -> MmaTile | None:
+    """The gemm_mma tile for m rows when the row's mma bounds take m and the kernel takes the operands (fp16,
+    16-byte rows, groups 32-128; compiled runs only: the interpreter has no Gluon, tl.dot is its twin there)."""
+    if INTERPRET or not table.mma or m > table.mma[-1][0] or not mma_applies(x2, weight):
+        return None
+    return next(t for max_m, t in table.mma if m <= max_m)
+
+
 def fused_w4a16_linear(x, weight: QuantizedWeight, bias=None):
     """Triton twin of :func:`catengine.kernels.w4a16.naive.w4a16_linear`."""
     check_input(x, weight)
@@ -356,6 +368,8 @@ def fused_w4a16_linear(x, weight: QuantizedWeight, bias=None):
             return y.reshape(*lead, n)
     elif hmma_applies(table, m, x2, weight):
         return w4a16_gemm_sm70(x2, weight, bias).reshape(*lead, n)
+    elif (tile := mma_tile(table, m, x2, weight)) is not None:
+        return w4a16_gemm_mma(x2, weight, bias, tile).reshape(*lead, n)
     else:
         c = next(cfg for max_m, cfg in table.gemm if m <= max_m)
         bk = block_k(c.BK, g, k)
