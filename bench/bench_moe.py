@@ -23,6 +23,7 @@ from catengine.kernels.moe import fused as moe
 from catengine.kernels.moe import naive as reference
 from catengine.kernels.moe import route
 from catengine.kernels.w4a16 import gemm as w4a16
+from catengine.kernels.w4a16.gemm_mma import MmaTile
 from catengine.kernels.w4a16.packing import QuantizedWeight, dequantize, pack_int4_along_k
 
 E, TOPK, HID, INTER = 256, 8, 2048, 512
@@ -210,8 +211,58 @@ def bench_align(dtype=torch.float16):
                  "identical"], rows)
 
 
+def bench_mma(dtype=torch.float16, tokens=(2, 4, 5, 8, 16, 32, 64, 128, 256)):
+    """Issue 21's MoE table: fused_moe for 2-256 tokens as the table routes it (decode kernels up to row_max rows,
+    fused_mma.py's mma.sync path up to its bound), against the tl.dot sorted path it replaced at the same tokens
+    (the table's mma entry removed) and the torch per-expert loop; BW/copy on the bytes of the experts touched
+    (each read once) plus x, at the copy bandwidth of this run. Target >= 0.6."""
+    from catengine.kernels.moe import fused_mma  # noqa: F401  (the path under test)
+    key, _ = w4a16.device_key("cuda")
+    table = moe.TABLES[key]
+    old = dataclasses.replace(table, mma=())
+    bw = copy_bandwidth_gbs()
+    w13, w2 = moe_weights(dtype)
+    w13d = dequantize(w13, dtype).transpose(1, 2).contiguous()
+    w2d = dequantize(w2, dtype).transpose(1, 2).contiguous()
+    expert_bytes = qbytes(HID, 2 * INTER) + qbytes(INTER, HID)
+    rows = []
+    for t in tokens:
+        routes = []
+        for i in range(max(1, 16 // t)):
+            g = torch.Generator(device="cuda").manual_seed(200 + i)
+            routes.append(route.moe_route(torch.randn(t, E, device="cuda", generator=g), TOPK, True))
+        x = torch.randn(t, HID, device="cuda", dtype=dtype)
+        ref = reference.fused_moe(x, w13, w2, *routes[0]).float()
+        err = ((moe.fused_moe(x, w13, w2, *routes[0]).float() - ref).norm() / ref.norm()).item()
+        ours = graph_ms(rotated(routes, lambda r: moe.fused_moe(x, w13, w2, *r)))
+        with patched(moe, key, old):
+            before = graph_ms(rotated(routes, lambda r: moe.fused_moe(x, w13, w2, *r)))
+        tp = graph_ms([torch_expert_loop(x, w13d, w2d, *r) for r in routes[:2]], reps=3)
+        n_exp = statistics.mean(r[1].unique().numel() for r in routes)
+        nbytes = n_exp * expert_bytes + 2 * t * HID * 2
+        rows_tk = t * TOPK
+        path = ("decode" if rows_tk <= table.row_max else
+                "mma" if table.mma and rows_tk <= table.mma[-1][0] else "tl.dot")
+        rows.append([t, f"{n_exp:.0f}", path, ours * 1e3, nbytes / ours / 1e6 / bw, before * 1e3, before / ours,
+                     tp * 1e3, tp / ours, nbytes / bw / 1e3, f"{err:.1e}"])
+    sweep = []
+    for tile in (MmaTile(1, 1), MmaTile(1, 2), MmaTile(1, 4), MmaTile(2, 2), MmaTile(2, 4)):
+        with patched(moe, key, dataclasses.replace(table, mma=((table.mma[-1][0], tile),))):
+            times = []
+            for t in (8, 32, 128):
+                routes = [route.moe_route(torch.randn(t, E, device="cuda"), TOPK, True) for _ in range(max(1, 16 // t))]
+                x = torch.randn(t, HID, device="cuda", dtype=dtype)
+                times.append(graph_ms(rotated(routes, lambda r: moe.fused_moe(x, w13, w2, *r)), reps=7) * 1e3)
+        sweep.append([str(tile)] + times)
+    print_table("sweep: fused_moe on mma tiles (us)", ["tile", "8 tokens", "32 tokens", "128 tokens"], sweep)
+    print_table(f"fused MoE W4A16 at 2-256 tokens (E {E}, top-{TOPK}, H {HID}, I {INTER}; copy {bw:.0f} GB/s)",
+                ["tokens", "experts", "path", "ours us", "BW/copy (touched)", "before us", "before/ours",
+                 "torch loop us", "torch/ours", "copy-bound us", "rel err"], rows)
+
+
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--mma", action="store_true", help="only the 2-256 token table (issue 21)")
     ap.add_argument("--align", action="store_true", help="only the routing-alignment table")
     ap.add_argument("--sweep", action="store_true",
                     help="time MOE_DECODE_CANDIDATES, then print the table with the fastest decode entry")
@@ -219,6 +270,9 @@ def main():
     print(device_header(), flush=True)
     if args.align:
         bench_align()
+        return
+    if args.mma:
+        bench_mma()
         return
     if args.sweep:
         key, _ = w4a16.device_key("cuda")

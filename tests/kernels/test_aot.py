@@ -29,9 +29,10 @@ AOT_MODULES = (
     "catengine.kernels.moe.fused_sm70",
     "catengine.kernels.w8a16.gemv",
     "catengine.kernels.w4a16.gemm_mma",
+    "catengine.kernels.moe.fused_mma",
 )
 # mma.sync m16n8k16 kernels: no sm_70 build (the HMMA.884 modules above serve sm_70)
-SM80_ONLY = ("catengine.kernels.w4a16.gemm_mma",)
+SM80_ONLY = ("catengine.kernels.w4a16.gemm_mma", "catengine.kernels.moe.fused_mma")
 
 
 def test_aot_list_names_every_module_with_aot_configs():

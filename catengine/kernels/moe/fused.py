@@ -30,7 +30,9 @@ from ..w4a16.gemm import GemmConfig, GemvConfig, block_k, gemv_block_k, pick_spl
 from ..w4a16.packing import QuantizedWeight
 # every kernel is named here: common/aot.py looks each configuration's kernel up in this module
 from .decode import decode_aot_configs, moe_decode, moe_down_decode_kernel, moe_up_decode_kernel  # noqa: F401
+from .fused_mma import fused_moe_mma, mma_moe_applies, moe_gemm_mma_kernel  # noqa: F401
 from .fused_sm70 import fused_moe_sm70, hmma_moe_applies
+from ..w4a16.gemm_mma import MmaTile
 from .grouped import NIB2, combine_kernel, moe_gemm_kernel
 from .route import align_tokens
 from .rows import NIB, moe_down_row_kernel, moe_up_row_kernel
@@ -49,6 +51,9 @@ class MoeTable:
     # instead of tl.dot, which Triton >= 3.3 lowers to FMA there; gemm then serves dense fp16 experts and groups
     # the HMMA kernel does not tile (16)
     hmma: bool = False
+    # sm_80+: W4A16 fp16 MoE with row_max < T * top_k <= the last bound on mma.sync m16n8k16 (fused_mma.py);
+    # ((max T * top_k, MmaTile), ...) ascending, () for tl.dot only
+    mma: tuple = ()
 
 
 # Row kernels: wide K tiles put a program's bytes in flight at once (their loads are not pipelined);
@@ -69,12 +74,12 @@ TABLES = {
         (16, GemmConfig(16, 64, 64, 4, 3)),
         (64, GemmConfig(64, 64, 64, 4, 3)),
         (1 << 30, GemmConfig(128, 128, 32, 8, 3)),
-    ), _DECODE),
+    ), _DECODE, mma=((2048, MmaTile(1, 2)),)),
     "sm90": MoeTable(32, GemvConfig(16, 1024, 4, 1, 1), GemvConfig(32, 512, 4, 1, 2), (
         (16, GemmConfig(16, 64, 64, 4, 4)),
         (64, GemmConfig(64, 128, 64, 4, 3)),
         (1 << 30, GemmConfig(128, 128, 64, 8, 3)),
-    ), _DECODE, decode_pdl=1),
+    ), _DECODE, decode_pdl=1, mma=((2048, MmaTile(1, 2)),)),
 }
 
 
@@ -143,6 +148,8 @@ def fused_moe(x, w13, w2, topk_weights, topk_ids):
         return out
     if table.hmma and hmma_moe_applies(x, w13, w2):
         return fused_moe_sm70(x, w13, w2, tw, ids)
+    if table.mma and t * top_k <= table.mma[-1][0] and not INTERPRET and mma_moe_applies(x, w13, w2):
+        return fused_moe_mma(x, w13, w2, tw, ids, next(tl for rows, tl in table.mma if t * top_k <= rows))
     c = next(cfg for max_rows, cfg in table.gemm if t * top_k <= max_rows * e)
     sorted_ids, block_expert, n_post = align_tokens(ids, e, c.BM)
     grid_b = block_expert.numel()
