@@ -1,6 +1,6 @@
 """Triton W4A16 linear: ``y = x @ dequant(W) (+ bias)`` for the canonical K-packed layout (packing.py).
 
-Two kernels, picked by M from a per-architecture table:
+Two kernels here, picked by M from a per-architecture table (and the tensor-core kernels below):
 
 - ``w4a16_gemv_kernel`` (decode, M <= table's gemv_max_m; in :mod:`catengine.kernels.w4a16.gemv`,
   which describes its tiles and weight math): m_rows activation rows per program share each
@@ -19,6 +19,9 @@ Two kernels, picked by M from a per-architecture table:
   narrow wgmma N instead of a 64-row M tile. Dequant works on pairs: ``(w >> 4j) & 0x000F000F |
   0x64006400`` holds nibbles j and j+4 as the fp16 values ``1024 + q`` (``128 + q`` in bf16).
 
+On sm_80/90, fp16 GEMMs of gemv_max_m < M <= the row's ``mma`` bound go to ``w4a16_gemm_mma`` (gemm_mma.py:
+Gluon, mma.sync m16n8k16 with the weight dequantised in registers as the A operand): on the H100 it beat this
+module's tl.dot GEMM 1.2-1.5x at M = 4-16 and lost above 24 rows (bench/NOTES.md), hence the bound.
 On the sm_70 row, fp16 GEMMs from ``hmma_min_m`` rows on go to ``w4a16_gemm_sm70`` (gemm_sm70.py: Gluon,
 HMMA.884), since Triton >= 3.3 lowers ``tl.dot`` to FMA there; ``_w4a16_gemm_kernel`` stays for sm_80/90, for
 what the HMMA kernel does not tile, and as its twin in the interpreter (which runs no Gluon).
