@@ -60,14 +60,14 @@ mul.rn.f16x2 $3, $3, $19;
 }
 """)
 _DEQUANT_CONSTRAINTS = gl.constexpr(",".join(["=r"] * 4 + ["r"] * 8 + ["r"] * 8))
-# $0..$3 out, $4..$7 in (k0k1, k2k3, k4k5, k6k7) -> (k0k4, k1k5, k2k6, k3k7)
-_PERMUTE_ASM = gl.constexpr("""
+# $0..$3 out, $4..$7 in (k0k1, k2k3, k4k5, k6k7) -> (k0k4, k1k5, k2k6, k3k7); also w4a16/gemm_mma.py's x pairing
+PAIR_K_ASM = gl.constexpr("""
 prmt.b32 $0, $4, $6, 0x5410;
 prmt.b32 $1, $4, $6, 0x7632;
 prmt.b32 $2, $5, $7, 0x5410;
 prmt.b32 $3, $5, $7, 0x7632;
 """)
-_PERMUTE_CONSTRAINTS = gl.constexpr(",".join(["=r"] * 4 + ["r"] * 4))
+PAIR_K_CONSTRAINTS = gl.constexpr(",".join(["=r"] * 4 + ["r"] * 4))
 
 
 @gluon.jit
@@ -81,7 +81,7 @@ def dequant_frag(q, zb, s):
 @gluon.jit
 def permute_k(a):
     """[..., 8] fp16 with 8 consecutive k per lane along the last dim -> the same 8 in dequant_frag's slot order."""
-    return gl.inline_asm_elementwise(_PERMUTE_ASM, _PERMUTE_CONSTRAINTS, [a], dtype=gl.float16, is_pure=True,
+    return gl.inline_asm_elementwise(PAIR_K_ASM, PAIR_K_CONSTRAINTS, [a], dtype=gl.float16, is_pure=True,
                                      pack=8)
 
 
@@ -95,4 +95,5 @@ def index3(ROWS: gl.constexpr, L: gl.constexpr):
         gl.expand_dims(gl.expand_dims(ll, 0), 1)
 
 
-__all__ = ["code_layout", "code_stage_layout", "code_smem_layout", "dequant_frag", "index3", "permute_k"]
+__all__ = ["PAIR_K_ASM", "PAIR_K_CONSTRAINTS", "code_layout", "code_stage_layout", "code_smem_layout", "dequant_frag",
+           "index3", "permute_k"]

@@ -127,6 +127,8 @@ def fused_moe_mma(x, w13: QuantizedWeight, w2: QuantizedWeight, tw, ids, tile: M
     t, hid = x.shape
     top_k = ids.shape[1]
     e, inter = w13.qweight.shape[0], w13.out_features // 2
+    # the kernels read int32 ids and fp32 routing weights, flat (fused_moe passes them so: no copies there)
+    ids, tw = ids.to(torch.int32).contiguous(), tw.to(torch.float32).contiguous()
     out = torch.empty((t, hid), dtype=torch.float32, device=x.device)
     if t == 0:
         return out

@@ -30,6 +30,7 @@ from triton.experimental.gluon import language as gl
 from ...errors import KernelContractError
 from ..common.aot import AotConfig
 from ..common.arch import cuda_device, device_key
+from ..common.int4_frag import PAIR_K_ASM, PAIR_K_CONSTRAINTS
 from ..common.splitk import REDUCE_BLOCK, splitk_reduce_kernel
 from .packing import QuantizedWeight
 
@@ -151,15 +152,6 @@ mul.rn.f16x2 $7, $7, $36;
 """)
 _DEQUANT_CONSTRAINTS = gl.constexpr(",".join(["=r"] * 8 + ["r"] * 16 + ["r"] * 16))
 
-# (k0k1, k2k3, k4k5, k6k7) -> (k0k4, k1k5, k2k6, k3k7): x paired as the dequantised codes are
-_PAIR_ASM = gl.constexpr("""
-prmt.b32 $0, $4, $6, 0x5410;
-prmt.b32 $1, $4, $6, 0x7632;
-prmt.b32 $2, $5, $7, 0x5410;
-prmt.b32 $3, $5, $7, 0x7632;
-""")
-_PAIR_CONSTRAINTS = gl.constexpr(",".join(["=r"] * 4 + ["r"] * 4))
-
 # one k = 32 step of a 16 x 16 (rows x tokens) block: $0..$7 accumulators (token block j: $4j..$4j+3), $8..$15
 # their inputs (tied), $16..$23 A (half h: $16+4h..), $24..$31 B (token block j, half h: $24+4j+2h, +1)
 _MMA_ASM = gl.constexpr("""
@@ -229,7 +221,8 @@ def mainloop(p_q, p_x, p_s, p_z, m_q, m_x, m_s, NW, k_begin, k_end, G: gl.conste
         # [4W, 8, 4, KS] each
         q_lo, q_hi = _split_rows(c_q, W)
         # x paired like the codes, then [1, MB, 8, 4, 8, KS] with slot 4 j + p
-        c_x = gl.inline_asm_elementwise(_PAIR_ASM, _PAIR_CONSTRAINTS, [c_x], dtype=gl.int32, is_pure=True, pack=4)
+        c_x = gl.inline_asm_elementwise(PAIR_K_ASM, PAIR_K_CONSTRAINTS, [c_x], dtype=gl.int32, is_pure=True,
+                                          pack=4)
         c_x = gl.reshape(c_x, [1, MB, 2, 8, 4, KS, 4])
         c_x = gl.reshape(gl.permute(c_x, [0, 1, 3, 4, 2, 6, 5]), [1, MB, 8, 4, 8, KS])
         for ks in gl.static_range(KS):

@@ -17,6 +17,7 @@ from catengine.kernels.moe import naive as reference
 from catengine.kernels.w4a16.gemm_mma import MmaTile
 
 from .test_fused_moe import TOL, make_dense, make_experts, rel_err, routing
+from .test_fused_moe_sm70 import gpu_check
 
 
 def _moe(e=6, hid=64, inter=64, group=32, t=20, k=2):
@@ -63,20 +64,8 @@ def test_mma_rows_between_decode_and_bound(monkeypatch):
 
 # ----------------------------------------------------------------------------- GPU
 def _gpu_check(t, e, k, hid, inter, group, symmetric, tile, seed=0, scale_down=1.0, x_scale=1.0):
-    w13 = make_experts(e, hid, 2 * inter, group, torch.float16, symmetric, "cuda", seed)
-    w2 = make_experts(e, inter, hid, group, torch.float16, symmetric, "cuda", seed + 1)
-    if scale_down != 1.0:
-        w2.scales.mul_(scale_down)
-    x = (torch.randn(t, hid, generator=torch.Generator("cuda").manual_seed(seed + 2), device="cuda") * x_scale).half()
-    tw, ids = routing(t, e, k, "cuda", seed + 3)
-    y = fused_mma.fused_moe_mma(x, w13, w2, tw.float().contiguous(), ids.to(torch.int32).contiguous(), tile)
-    ref = reference.fused_moe(x, w13, w2, tw, ids)
-    assert y.dtype == torch.float32
-    assert rel_err(y, ref) < TOL[torch.float16], rel_err(y, ref)
-    # per token: a wrongly gathered or dropped row spoils one token, which the overall norm would dilute
-    row_err = (y - ref).norm(dim=1) / ref.norm(dim=1)
-    assert row_err.max() < 5 * TOL[torch.float16], (row_err.max(), row_err.argmax())
-    return ref
+    return gpu_check(t, e, k, hid, inter, group, symmetric, None, seed, scale_down, x_scale,
+                     fn=lambda *a: fused_mma.fused_moe_mma(*a, tile))
 
 
 @pytest.mark.gpu

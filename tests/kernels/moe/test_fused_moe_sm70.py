@@ -140,7 +140,8 @@ def test_only_sm70_row_asks_for_hmma():
 
 
 # ----------------------------------------------------------------------------- GPU
-def _gpu_check(t, e, k, hid, inter, group, symmetric, config=None, seed=0, scale_down=1.0, x_scale=1.0):
+def gpu_check(t, e, k, hid, inter, group, symmetric, config=None, seed=0, scale_down=1.0, x_scale=1.0, fn=None):
+    """fn(x, w13, w2, tw, ids) (default: fused_moe_sm70 on ``config``) against the twin, overall and per token."""
     w13 = make_experts(e, hid, 2 * inter, group, torch.float16, symmetric, "cuda", seed)
     w2 = make_experts(e, inter, hid, group, torch.float16, symmetric, "cuda", seed + 1)
     if scale_down != 1.0:
@@ -148,7 +149,7 @@ def _gpu_check(t, e, k, hid, inter, group, symmetric, config=None, seed=0, scale
     x = (torch.randn(t, hid, generator=torch.Generator("cuda").manual_seed(seed + 2), device="cuda")
          * x_scale).half()
     tw, ids = routing(t, e, k, "cuda", seed + 3)
-    y = fused_sm70.fused_moe_sm70(x, w13, w2, tw, ids, config=config)
+    y = (fn or (lambda *a: fused_sm70.fused_moe_sm70(*a, config=config)))(x, w13, w2, tw, ids)
     ref = reference.fused_moe(x, w13, w2, tw, ids)
     assert y.dtype == torch.float32
     assert rel_err(y, ref) < TOL[torch.float16], rel_err(y, ref)
@@ -174,7 +175,7 @@ BM16, BM64 = fused_sm70.SM70_MOE_TABLE[0][1], fused_sm70.SM70_MOE_TABLE[1][1]
     (96, 32, False, BM64),
 ], ids=lambda v: str(v) if not isinstance(v, Tile884) else f"BM{v.BM}")
 def test_gpu_35b_a3b_sm70(t, group, symmetric, config):
-    _gpu_check(t, 256, 8, 2048, 512, group, symmetric, config, seed=t)
+    gpu_check(t, 256, 8, 2048, 512, group, symmetric, config, seed=t)
 
 
 @pytest.mark.gpu
@@ -185,7 +186,7 @@ def test_gpu_35b_a3b_sm70(t, group, symmetric, config):
     (9, 5, 3, 384, 256, 128, BM16),      # top-3, K of 3 groups of 128
 ], ids=lambda v: str(v) if not isinstance(v, Tile884) else f"BM{v.BM}")
 def test_gpu_tails_sm70(t, e, k, hid, inter, group, config):
-    _gpu_check(t, e, k, hid, inter, group, False, config, seed=e)
+    gpu_check(t, e, k, hid, inter, group, False, config, seed=e)
 
 
 @pytest.mark.gpu
@@ -193,7 +194,7 @@ def test_gpu_tails_sm70(t, e, k, hid, inter, group, config):
 def test_gpu_fp16_sum_past_65504_sm70(config):
     """fp16 activations whose expert outputs and weighted sum pass 65,504 (the V100 case: no bf16): the weighted
     rows and their sum stay fp32 (x 30, down scales x 120: silu(gate) * up stays in the thousands)."""
-    ref = _gpu_check(20, 6, 2, 64, 64, 32, False, config, scale_down=120.0, x_scale=30.0)
+    ref = gpu_check(20, 6, 2, 64, 64, 32, False, config, scale_down=120.0, x_scale=30.0)
     assert ref.abs().max() > 65504
 
 
