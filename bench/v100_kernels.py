@@ -250,6 +250,8 @@ def _attn_trips(a: dict, s: dict) -> tuple:
 TRIPS: dict[str, Callable[[dict, dict], tuple]] = {
     "_w4a16_gemm_kernel": lambda a, s: (_cdiv(a["K"] // a["BK"], a["SPLIT_K"]),),
     "w4a16_gemm_sm70_kernel": lambda a, s: (_cdiv(a["K"] // a["BK"], a["SPLIT_K"]),),
+    "w4a16_gemm_mma_kernel": lambda a, s: (_cdiv(a["K"] // a["G"], a["n_split"]),),
+    "moe_gemm_mma_kernel": lambda a, s: (a["K"] / a["G"],),
     "w4a16_gemv_kernel": lambda a, s: (_cdiv(a["K"] // (8 * a["R"]), a["n_split"]),),
     "_moe_gemm_kernel": lambda a, s: (a["K"] / a["BK"],),
     "moe_gemm_kernel": lambda a, s: (a["K"] / a["BK"],),

@@ -177,6 +177,10 @@ def _matmul_path(op: str, row: int, dot: str) -> str:
         t, big = TABLES[key], DEQUANT_MIN_M[key]
         parts = [f"M <= {t.gemv_max_m}: GEMV on CUDA cores"]
         lo = t.gemv_max_m + 1
+        if t.mma:
+            top = t.mma[-1][0]
+            parts.append(f"M {lo}-{top}: mma.sync m16n8k16 Gluon (fp16, groups 32/64/128; else {dot})")
+            lo = top + 1
         if t.hmma_min_m is not None and t.hmma_min_m < big:
             if t.hmma_min_m > lo:
                 parts.append(f"M {lo}-{t.hmma_min_m - 1}: {dot}")
@@ -188,6 +192,9 @@ def _matmul_path(op: str, row: int, dot: str) -> str:
         from ..kernels.moe.fused import TABLES
         t = TABLES[f"sm{row}"]
         big = f"{hmma} (fp16 W4A16 experts, groups 32/64/128; else {dot})" if t.hmma else dot
+        if t.mma:
+            return (f"T x top_k <= {t.row_max}: row kernels on CUDA cores; up to {t.mma[-1][0]}: mma.sync m16n8k16 "
+                    f"Gluon (fp16 W4A16 experts, groups 32/64/128; else {dot}); above: {big}")
         return f"T x top_k <= {t.row_max}: row kernels on CUDA cores; above: {big}"
     if op == "paged_attention":
         from ..kernels.attention import paged_sm70

@@ -85,7 +85,7 @@ def test_v100_with_a_torch_that_has_sm70_is_fine_and_says_which_path_runs(monkey
 
     p = paths()
     assert p["rms_norm"] == "Triton (no matrix product)"
-    assert p["w4a16_linear"] == ("M <= 1: GEMV on CUDA cores; M 2-7: tl.dot -> FMA; M 8-1023: HMMA.884 Gluon (fp16, "
+    assert p["w4a16_linear"] == ("M <= 1: GEMV on CUDA cores; M 2-1023: HMMA.884 Gluon (fp16, "
                                  "groups 32/64/128; else tl.dot -> FMA); from M = 1024: dequantise + cuBLAS")
     assert p["fused_moe"].endswith("above: HMMA.884 Gluon (fp16 W4A16 experts, groups 32/64/128; else tl.dot -> FMA)")
     monkeypatch.setattr(paged_sm70, "ENABLED", False)
@@ -118,7 +118,12 @@ def test_h200_rows_and_the_switch(monkeypatch):
     facts["triton"] = {"version": "3.6.0", "ptxas_sm70": {"ok": False, "detail": "ptxas fatal"}}
     report = doctor.build_report(facts)
     assert report["ok"], report["problems"]          # no sm_70 build is needed on an H200 without the switch
-    assert report["ops"]["fused_moe"]["path"].endswith("above: tl.dot (tensor cores)")
+    assert report["ops"]["fused_moe"]["path"].endswith("up to 2048: mma.sync m16n8k16 Gluon (fp16 W4A16 experts, "
+                                                        "groups 32/64/128; else tl.dot (tensor cores)); above: tl.dot "
+                                                        "(tensor cores)")
+    assert report["ops"]["w4a16_linear"]["path"].startswith("M <= 2: GEMV on CUDA cores; M 3-24: mma.sync m16n8k16 "
+                                                            "Gluon (fp16, groups 32/64/128; else tl.dot (tensor cores)); "
+                                                            "M 25-255: tl.dot (tensor cores)")
     assert report["ops"]["paged_attention"]["path"] == "tl.dot (tensor cores)"
     monkeypatch.setattr(arch, "ARCH_OVERRIDE", "70")
     facts = {**doctor.gather_facts(probe=False), "triton": facts["triton"]}

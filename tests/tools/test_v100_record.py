@@ -44,7 +44,7 @@ def test_recording_turns_a_launch_into_an_aot_config_without_running_it():
 def test_fma_path_turns_off_the_sm70_hmma_choice_and_restores_it():
     from catengine.kernels.w4a16 import gemm
     row, pred = gemm.TABLES["sm70"], gemm.hmma_applies
-    assert row.hmma_min_m == 8
+    assert row.hmma_min_m == 2
     with reg.fma_path():
         assert gemm.TABLES["sm70"].hmma_min_m is None and gemm.hmma_applies(None, 64, None, None) is False
     assert gemm.TABLES["sm70"] is row and gemm.hmma_applies is pred

@@ -203,12 +203,14 @@ MAX_SPLIT_K = 32
 # sequences) was timed after that sweep, by hand, against the candidates its M = 32 bucket now lists: BM 32
 # with split toward 8 waves beat BM 64, BM 16, BN 128 and 4 stages at M = 24 and 32 (lost at 48), and the
 # four 27B shapes at M = 32 went from 243 to 198 us in bench_gemm.py's table (gate_up 112 -> 89 us).
+# sm_70 takes HMMA.884 from 2 rows: its tl.dot GEMM is FMA there and spills, projected (CPU dry run, bench/NOTES.md)
+# at 312 us for 5120 x 17408 at M = 2-6 against 55-57 us on HMMA.884 (the M = 1 GEMV: 55 us).
 TABLES = {
     "sm70": ArchTable(1, GemvConfig(64, 512, 4, 1, 16, prefetch=False), (
         (16, GemmConfig(16, 64, 64, 4, 1, waves=4)),
         (64, GemmConfig(64, 64, 64, 4, 1, waves=2)),
         (1 << 30, GemmConfig(64, 128, 32, 8, 2)),
-    ), hmma_min_m=8),
+    ), hmma_min_m=2),
     "sm80": ArchTable(1, GemvConfig(64, 512, 4, 1, 16, prefetch=False), (
         (16, GemmConfig(16, 64, 128, 4, 3, waves=8)),
         (64, GemmConfig(64, 64, 128, 4, 3, waves=4)),

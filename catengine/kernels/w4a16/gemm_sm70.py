@@ -10,7 +10,7 @@ once: ``w = ((1024 + q) - (1024 + z)) * s``, as in the twin). That puts k in the
 lane's fragment slots, so the x staging is reordered the same way (int4_frag.permute_k) before its shared store.
 
 Contract (as ``gemm.py``'s tl.dot kernel): K a multiple of BK and of the group size G, BK <= G (one scale row per
-k tile). gemm.py's sm_70 row takes it for fp16 at M >= 8 (``hmma_applies``); its GPU tests
+k tile). gemm.py's sm_70 row takes it for fp16 at M >= 2 (``hmma_applies``); its GPU tests
 (tests/kernels/w4a16/test_gemm_sm70.py, ``-m gpu``) had not yet run when it was wired.
 """
 from __future__ import annotations

@@ -85,11 +85,12 @@ def _check(y, x, w, bias):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("group", [32, 64, 128])
-@pytest.mark.parametrize("m,k,n,split", [(8, 256, 200, 1), (13, 512, 328, None), (24, 384, 256, 2),
-                                         (50, 256, 136, None), (77, 512, 384, 4), (130, 384, 136, None)],
+@pytest.mark.parametrize("m,k,n,split", [(3, 256, 200, None), (5, 512, 328, 2), (8, 256, 200, 1),
+                                         (13, 512, 328, None), (24, 384, 256, 2), (50, 256, 136, None),
+                                         (77, 512, 384, 4), (130, 384, 136, None)],
                          ids=lambda v: str(v))
 def test_gpu_gemm_sm70_matches_twin(group, m, k, n, split):
-    """Every tile of the table (M 8 and 13: 16 x 128, 24: 32 x 128, both BK 64 at groups 64 / 128 and 32 at 32; 50:
+    """Every tile of the table (M 3, 5, 8 and 13: 16 x 128, 24: 32 x 128, both BK 64 at groups 64 / 128 and 32 at 32; 50:
     64 x 128, 77 and 130: 128 x 128), M and N not multiples of any tile (N 200 = 1.56 tiles of 128), explicit and
     picked split K. The lop3 dequantisation
     reorders k in the B slots and permute_k the x staging: a mismatch between the two is an O(1) error here."""
@@ -120,16 +121,17 @@ def test_gpu_gemm_sm70_symmetric_real_k():
     _check(w4a16_gemm_sm70(x, w), x, w, None)
 
 
-def test_sm70_row_picks_hmma_from_m8(monkeypatch):
-    """The sm_70 row sends fp16 GEMMs with M >= 8 and groups 32/64/128 to the HMMA.884 kernel, compiled runs only:
-    the interpreter (CI) keeps the tl.dot twin, and sm_80/90 never take it."""
+def test_sm70_row_picks_hmma_from_m2(monkeypatch):
+    """The sm_70 row sends fp16 GEMMs with M >= 2 (M = 1 is the GEMV's) and groups 32/64/128 to the HMMA.884
+    kernel, compiled runs only: the interpreter (CI) keeps the tl.dot twin, and sm_80/90 never take it."""
     from catengine.kernels.w4a16 import gemm
     w = make_qweight(256, 64, 64, torch.float16)
     x = torch.zeros(8, 256, dtype=torch.float16)
     assert not gemm.hmma_applies(gemm.TABLES["sm70"], 8, x, w)          # the interpreter runs this test
     monkeypatch.setattr(gemm, "INTERPRET", False)
     assert gemm.hmma_applies(gemm.TABLES["sm70"], 8, x, w)
-    assert not gemm.hmma_applies(gemm.TABLES["sm70"], 7, x[:7], w)
+    assert gemm.hmma_applies(gemm.TABLES["sm70"], 2, x[:2], w)
+    assert not gemm.hmma_applies(gemm.TABLES["sm70"], 1, x[:1], w)
     assert not gemm.hmma_applies(gemm.TABLES["sm70"], 8, x.bfloat16(), w)
     for key in ("sm80", "sm90"):
         assert not gemm.hmma_applies(gemm.TABLES[key], 64, x, w)
