@@ -14,7 +14,7 @@ MMA column block), so M = 3..16 pads to 16 tokens, not to a 64-row tile. Nothing
 - the codes of the next quantisation group (and its x) are loaded while this group's MMAs run (registers,
   one group ahead), and split K puts enough programs on the chip.
 
-Per lane and int32 of weights: one 8-byte load, 3 shifts (shared by 2 codes), 4 ``lop3``, 4 ``sub.f16x2``, 4
+Per lane and int32 of weights: a quarter of a 16-byte load, 3 shifts, 4 ``lop3``, 4 ``sub.f16x2``, 4
 ``mul.f16x2`` (the twin's ``(q - z) * s`` with one rounding, as int4_frag.dequant_frag), 2 MMAs per 16 tokens.
 Tensors are 5-D fragment tiles ``[4 W, MB, 8, 4, 8] = [(warp, b), token block, g, t, slot]`` in ``frag_layout``;
 every layout orders t before g, so that lane = 4 g + t as the MMA numbers them.
