@@ -27,12 +27,12 @@ from ..common.aot import AotConfig
 from ..common.arch import INTERPRET, arch_key, device_key
 from ..common.splitk import REDUCE_BLOCK, splitk_reduce_kernel
 from ..w4a16.gemm import GemmConfig, GemvConfig, block_k, gemv_block_k, pick_split
+from ..w4a16.gemm_mma import MmaTile, pick_mma_tile
 from ..w4a16.packing import QuantizedWeight
 # every kernel is named here: common/aot.py looks each configuration's kernel up in this module
 from .decode import decode_aot_configs, moe_decode, moe_down_decode_kernel, moe_up_decode_kernel  # noqa: F401
 from .fused_mma import fused_moe_mma, mma_moe_applies, moe_gemm_mma_kernel  # noqa: F401
 from .fused_sm70 import fused_moe_sm70, hmma_moe_applies
-from ..w4a16.gemm_mma import MmaTile
 from .grouped import NIB2, combine_kernel, moe_gemm_kernel
 from .route import align_tokens
 from .rows import NIB, moe_down_row_kernel, moe_up_row_kernel
@@ -148,8 +148,9 @@ def fused_moe(x, w13, w2, topk_weights, topk_ids):
         return out
     if table.hmma and hmma_moe_applies(x, w13, w2):
         return fused_moe_sm70(x, w13, w2, tw, ids)
-    if table.mma and t * top_k <= table.mma[-1][0] and not INTERPRET and mma_moe_applies(x, w13, w2):
-        return fused_moe_mma(x, w13, w2, tw, ids, next(tl for rows, tl in table.mma if t * top_k <= rows))
+    tile = pick_mma_tile(table.mma, t * top_k)
+    if tile is not None and not INTERPRET and mma_moe_applies(x, w13, w2):
+        return fused_moe_mma(x, w13, w2, tw, ids, tile)
     c = next(cfg for max_rows, cfg in table.gemm if t * top_k <= max_rows * e)
     sorted_ids, block_expert, n_post = align_tokens(ids, e, c.BM)
     grid_b = block_expert.numel()

@@ -47,7 +47,7 @@ from ..common.splitk import REDUCE_BLOCK, splitk_reduce_kernel
 from .packing import QuantizedWeight
 from .gemv import w4a16_gemv_kernel
 from .gemm_sm70 import w4a16_gemm_sm70
-from .gemm_mma import MmaTile, mma_applies, w4a16_gemm_mma
+from .gemm_mma import MmaTile, mma_applies, pick_mma_tile, w4a16_gemm_mma
 
 
 # ---------------------------------------------------------------- dequantisation helpers
@@ -325,9 +325,9 @@ def hmma_applies(table: ArchTable, m: int, x2, weight: QuantizedWeight) -> bool:
 def mma_tile(table: ArchTable, m: int, x2, weight: QuantizedWeight) -> MmaTile | None:
     """The gemm_mma tile for m rows when the row's mma bounds take m and the kernel takes the operands (fp16,
     16-byte rows, groups 32-128; compiled runs only: the interpreter has no Gluon, tl.dot is its twin there)."""
-    if INTERPRET or not table.mma or m > table.mma[-1][0] or not mma_applies(x2, weight):
+    if INTERPRET or not mma_applies(x2, weight):
         return None
-    return next(t for max_m, t in table.mma if m <= max_m)
+    return pick_mma_tile(table.mma, m)
 
 
 def fused_w4a16_linear(x, weight: QuantizedWeight, bias=None):

@@ -296,6 +296,12 @@ class MmaTile:
 MAX_SPLIT_K = 32
 
 
+def pick_mma_tile(rows: tuple, n: int) -> MmaTile | None:
+    """The tile of the first ``(max n, tile)`` row of a table's ``mma`` entry that takes n; None past the last
+    bound or for an empty entry (the dense and the MoE launch tables share this form)."""
+    return next((t for bound, t in rows if n <= bound), None)
+
+
 def mma_applies(x2: torch.Tensor, weight: QuantizedWeight) -> bool:
     """Whether this kernel takes the GEMM: fp16, a 2-D weight with groups of 32/64/128 dividing K, x rows that
     the int32 view reads with 16-byte loads (K and the row stride multiples of 8, 16-byte aligned)."""
