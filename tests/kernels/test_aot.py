@@ -30,9 +30,12 @@ AOT_MODULES = (
     "catengine.kernels.w8a16.gemv",
     "catengine.kernels.w4a16.gemm_mma",
     "catengine.kernels.moe.fused_mma",
+    "catengine.kernels.w4a16.gemm_wgmma",
 )
 # mma.sync m16n8k16 kernels: no sm_70 build (the HMMA.884 modules above serve sm_70)
 SM80_ONLY = ("catengine.kernels.w4a16.gemm_mma", "catengine.kernels.moe.fused_mma")
+# wgmma kernels: sm_90 only
+SM90_ONLY = ("catengine.kernels.w4a16.gemm_wgmma",)
 
 
 def test_aot_list_names_every_module_with_aot_configs():
@@ -50,7 +53,7 @@ def test_aot_list_names_every_module_with_aot_configs():
 @pytest.mark.parametrize("cc", [70, 90])
 def test_module_compiles(module, cc):
     results = compile_module(module, cc)
-    if cc < 80 and module in SM80_ONLY:
+    if (cc < 80 and module in SM80_ONLY) or (cc < 90 and module in SM90_ONLY):
         assert results == []
         return
     assert results, f"{module} lists no aot_configs for sm_{cc}"
@@ -63,8 +66,8 @@ def test_module_compiles(module, cc):
             # 3.9 gemm884's 128 x 128 tile keeps a 40-byte stack frame at 255 registers)
             assert 0 < r["registers"] <= 255 and r["stack"] is not None, r
         # every Gluon kernel is a tensor-core kernel: its products must reach m8n8k4 (sm_70 modules) or m16n8k16
-        # (the sm_80+ ones), not FMA
-        assert not r["gluon"] or r["mma884"] or r["mma16816"], f"{r}: a Gluon kernel without mma.sync in its PTX"
+        # or wgmma (the sm_80+ ones), not FMA
+        assert not r["gluon"] or r["mma884"] or r["mma16816"] or r["wgmma"], f"{r}: a Gluon kernel without MMA in its PTX"
         # a single-slot pipelined buffer read by an asynchronous wgmma that is still in flight when
         # the next tile's copy lands: wrong results on Hopper only (the interpreter runs it right)
         assert not r["overwritten_wgmma_operands"], f"{r}: the next tile's copy overwrites wgmma operands"

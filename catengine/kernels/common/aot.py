@@ -8,7 +8,7 @@ because the Triton interpreter (``TRITON_INTERPRET=1``) replaces ``triton.jit`` 
 objects the compiler cannot take.
 
 ``@gluon.jit`` kernels are recognised by type and built through ``GluonASTSource``. Each result says whether
-the PTX issues HMMA.884 (``mma884``: ``mma.sync.aligned.m8n8k4``) and, for sm_70, whether the SASS holds it
+the PTX issues HMMA.884 (``mma884``: ``mma.sync.aligned.m8n8k4``), m16n8k16 (``mma16816``) or wgmma, and, for sm_70, whether the SASS holds it
 (``sass_hmma884``; None where no disassembler here takes sm_70 cubins).
 """
 from __future__ import annotations
@@ -68,6 +68,7 @@ def compile_config(module, cfg: AotConfig, cc: int) -> dict:
             "registers": res["registers"], "stack": res["stack"],
             "forbidden": [s for s in SM70_FORBIDDEN_PTX if s in ptx] if cc < 80 else [],
             "mma884": has_mma884, "mma16816": "mma.sync.aligned.m16n8k16" in ptx,
+            "wgmma": "wgmma.mma_async" in ptx,
             "sass_hmma884": sass_has_hmma884(k.asm["cubin"]) if cc < 80 and has_mma884 else None,
             "overwritten_wgmma_operands": overwritten_wgmma_operands(k.asm.get("ttgir", ""))}
 

@@ -1,0 +1,110 @@
+"""The sm_90 W4A16 GEMM on wgmma (w4a16/gemm_wgmma.py) against its twin, naive.w4a16_dequantize.
+
+CPU: every configuration compiles for sm_90 with wgmma in its PTX, its only shared memory the x buffers (every
+register relabelling of the A side is free: no shared-memory conversion, no shuffle) and no spills; none for sm_80 or
+sm_70; the launcher's contract, split picking and the table's rows.
+GPU (``-m gpu``, sm_90): groups 32/64/128, M and N tails, explicit and picked split K, bias, R 1/2/4, BT 16-64, the
+real 27B K through the table.
+"""
+import pytest
+import torch
+
+from catengine.errors import KernelContractError
+from catengine.kernels.common.aot import compile_module
+
+from .test_gemm_sm70 import _check
+from .test_w4a16 import make_qweight
+
+MODULE = "catengine.kernels.w4a16.gemm_wgmma"
+
+
+def test_gemm_wgmma_compiles_with_only_the_x_buffers_shared():
+    from catengine.kernels.w4a16.gemm_wgmma import AOT_TILES
+    results = compile_module(MODULE, 90)
+    assert len(results) == 4 * len(AOT_TILES)
+    for r in results:
+        t = next(t for t in AOT_TILES if f"R{t.R} BT{t.BT} " in r["name"])
+        ks = 4 if " g128 " in r["name"] else 1
+        # two x buffers of KS steps of BT x 32 fp16: anything more would be a layout conversion through shared memory
+        assert r["gluon"] and r["wgmma"] and not r["stack"], r
+        assert r["shared"] == 2 * ks * t.BT * 32 * 2, r
+
+
+def test_gemm_wgmma_builds_for_sm90_only():
+    from catengine.kernels.w4a16.gemm_wgmma import aot_configs
+    assert aot_configs(70) == [] and aot_configs(80) == [] and aot_configs(90)
+
+
+def test_gemm_wgmma_contract():
+    from catengine.kernels.w4a16.gemm_wgmma import w4a16_gemm_wgmma
+    w = make_qweight(256, 64, 32, torch.float16)
+    with pytest.raises(KernelContractError):       # CPU: no Gluon interpreter, no wgmma
+        w4a16_gemm_wgmma(torch.zeros(32, 256, dtype=torch.float16), w)
+
+
+def test_pick_split_fills_the_chip():
+    from catengine.kernels.w4a16.gemm_wgmma import MAX_SPLIT_K, WgmmaTile, pick_split
+    t = WgmmaTile(2, 64, 2)
+    # 27B down at M = 64: 40 column tiles of 128 on 132 SMs -> toward 264 programs, 136 groups: 7 splits of 20
+    assert pick_split(64, 5120, 17408, 128, t, 132) == 7
+    assert pick_split(64, 34816, 5120, 128, t, 132) == 1         # gate_up: 272 tiles already
+    assert pick_split(64, 128, 128, 128, t, 132) == 1            # one group: never an empty split
+    assert pick_split(64, 128, 1 << 20, 32, t, 132) == MAX_SPLIT_K
+
+
+def test_rows_take_wgmma_past_the_mma_rows(monkeypatch):
+    """sm_90 sends fp16 M past the mma rows up to the wgmma rows' last bound to gemm_wgmma (compiled runs only);
+    sm_80 and sm_70 have no wgmma rows; bf16 and larger M keep tl.dot."""
+    from catengine.kernels.w4a16 import gemm
+    w = make_qweight(256, 64, 64, torch.float16)
+    x = torch.zeros(256, 256, dtype=torch.float16)
+    table = gemm.TABLES["sm90"]
+    low, top = table.mma[-1][0] + 1, table.wgmma[-1][0]
+    assert gemm.wgmma_tile(table, low, x[:low], w) is None                # the interpreter runs this test
+    monkeypatch.setattr(gemm, "INTERPRET", False)
+    assert gemm.wgmma_tile(table, low, x[:low], w) is not None
+    assert gemm.wgmma_tile(table, top, x[:top], w) is not None
+    assert gemm.wgmma_tile(table, low - 1, x[:low - 1], w) is None        # the mma rows keep theirs
+    assert gemm.wgmma_tile(table, top + 1, x[:top + 1], w) is None
+    assert gemm.wgmma_tile(table, top, x[:top].bfloat16(), w) is None
+    assert gemm.wgmma_tile(table, top, x[:top], make_qweight(256, 72, 64, torch.float16)) is None    # N % 16
+    assert not gemm.TABLES["sm80"].wgmma and not gemm.TABLES["sm70"].wgmma
+
+
+# ----------------------------------------------------------------------------- GPU
+def _sm90():
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("m,k,n,split,tile", [(17, 256, 208, 1, (2, 32)), (32, 512, 336, None, (2, 32)),
+                                              (40, 384, 256, 2, (2, 64)), (64, 256, 144, None, (2, 64)),
+                                              (9, 512, 528, 4, (1, 16)), (50, 384, 1024, None, (4, 32)),
+                                              (130, 256, 384, 3, (1, 64)), (33, 1024, 640, 1, (4, 64)), (24, 768, 256, None, (1, 32))],
+                         ids=lambda v: str(v))
+def test_gpu_gemm_wgmma_matches_twin(group, m, k, n, split, tile):
+    """M not a multiple of BT, N not a multiple of 64 R (208, 336, 144, 528), explicit and picked split K, several
+    token tiles. A wrong pairing of codes and x, row map or group is an O(1)
+    error here."""
+    if not _sm90():
+        pytest.skip("wgmma needs sm_90")
+    from catengine.kernels.w4a16.gemm_wgmma import WgmmaTile, w4a16_gemm_wgmma
+    w = make_qweight(k, n, group, torch.float16, device="cuda", seed=group + m)
+    gen = torch.Generator(device="cuda").manual_seed(m)
+    x = torch.randn(m, k, generator=gen, device="cuda").half()
+    bias = torch.randn(n, generator=gen, device="cuda").half() if m % 2 else None
+    _check(w4a16_gemm_wgmma(x, w, bias, WgmmaTile(*tile), split_k=split), x, w, bias)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [25, 32, 48, 64])
+def test_gpu_gemm_wgmma_real_k_through_the_table(m):
+    """The 27B gate_up's K through fused_w4a16_linear (the table's tile and split), asymmetric and symmetric."""
+    if not _sm90():
+        pytest.skip("wgmma needs sm_90")
+    from catengine.kernels.w4a16.gemm import fused_w4a16_linear
+    for sym in (False, True):
+        w = make_qweight(5120, 768, 128, torch.float16, symmetric=sym, device="cuda", seed=5 + m)
+        x = torch.randn(m, 5120, generator=torch.Generator(device="cuda").manual_seed(m), device="cuda").half()
+        _check(fused_w4a16_linear(x, w), x, w, None)
