@@ -181,6 +181,10 @@ def _matmul_path(op: str, row: int, dot: str) -> str:
             top = t.mma[-1][0]
             parts.append(f"M {lo}-{top}: mma.sync m16n8k16 Gluon (fp16, groups 32/64/128; else {dot})")
             lo = top + 1
+        if t.wgmma:
+            top = t.wgmma[-1][0]
+            parts.append(f"M {lo}-{top}: wgmma Gluon (fp16, groups 32/64/128, N % 16 == 0; else {dot})")
+            lo = top + 1
         if t.hmma_min_m is not None and t.hmma_min_m < big:
             if t.hmma_min_m > lo:
                 parts.append(f"M {lo}-{t.hmma_min_m - 1}: {dot}")

@@ -21,7 +21,9 @@ Two kernels here, picked by M from a per-architecture table (and the tensor-core
 
 On sm_80/90, fp16 GEMMs of gemv_max_m < M <= the row's ``mma`` bound go to ``w4a16_gemm_mma`` (gemm_mma.py:
 Gluon, mma.sync m16n8k16 with the weight dequantised in registers as the A operand): on the H100 it beat this
-module's tl.dot GEMM 1.2-1.5x at M = 4-16 and lost above 24 rows (bench/NOTES.md), hence the bound.
+module's tl.dot GEMM 1.2-1.5x at M = 4-16 and lost above 24 rows (bench/NOTES.md), hence the bound. On sm_90 the
+rows above it up to the ``wgmma`` bound go to ``w4a16_gemm_wgmma`` (gemm_wgmma.py: the same registers as wgmma's A
+operand, x from shared memory): 1.3x the mma kernel at 24 rows and 1.3x tl.dot at 32 on the H100.
 On the sm_70 row, fp16 GEMMs from ``hmma_min_m`` rows on go to ``w4a16_gemm_sm70`` (gemm_sm70.py: Gluon,
 HMMA.884), since Triton >= 3.3 lowers ``tl.dot`` to FMA there; ``_w4a16_gemm_kernel`` stays for sm_80/90, for
 what the HMMA kernel does not tile, and as its twin in the interpreter (which runs no Gluon).
@@ -48,6 +50,7 @@ from .packing import QuantizedWeight
 from .gemv import w4a16_gemv_kernel
 from .gemm_sm70 import w4a16_gemm_sm70
 from .gemm_mma import MmaTile, mma_applies, pick_mma_tile, w4a16_gemm_mma
+from .gemm_wgmma import WgmmaTile, w4a16_gemm_wgmma, wgmma_applies
 
 
 # ---------------------------------------------------------------- dequantisation helpers
@@ -189,6 +192,9 @@ class ArchTable:
     # sm_80+: fp16 GEMMs of M above gemv_max_m up to the last bound run on mma.sync m16n8k16 with the weight in
     # registers (gemm_mma.py); ((max_m, MmaTile), ...) ascending, () for tl.dot only
     mma: tuple = ()
+    # sm_90: fp16 GEMMs of M above the mma rows up to the last bound run on wgmma with the weight in registers
+    # (gemm_wgmma.py); ((max_m, WgmmaTile), ...) ascending
+    wgmma: tuple = ()
 
 
 MAX_SPLIT_K = 32
@@ -223,7 +229,7 @@ TABLES = {
         (64, GemmConfig(64, 64, 128, 4, 3, waves=4)),
         (256, GemmConfig(128, 128, 64, 8, 3)),
         (1 << 30, GemmConfig(256, 128, 64, 8, 4)),
-    ), mma=((16, MmaTile(1, 2, 4)), (24, MmaTile(2, 1, 4)))),
+    ), mma=((16, MmaTile(1, 2, 4)),), wgmma=((32, WgmmaTile(2, 32, 2)), (64, WgmmaTile(1, 64, 2)))),
 }
 
 
@@ -330,6 +336,14 @@ def mma_tile(table: ArchTable, m: int, x2, weight: QuantizedWeight) -> MmaTile |
     return pick_mma_tile(table.mma, m)
 
 
+def wgmma_tile(table: ArchTable, m: int, x2, weight: QuantizedWeight) -> WgmmaTile | None:
+    """The gemm_wgmma tile for m rows past the mma rows when the row's wgmma bounds take m and the kernel takes the
+    operands (mma_tile's conditions and N % 16 == 0)."""
+    if INTERPRET or not wgmma_applies(x2, weight) or (table.mma and m <= table.mma[-1][0]):
+        return None
+    return pick_mma_tile(table.wgmma, m)
+
+
 def fused_w4a16_linear(x, weight: QuantizedWeight, bias=None):
     """Triton twin of :func:`catengine.kernels.w4a16.naive.w4a16_linear`."""
     check_input(x, weight)
@@ -375,6 +389,8 @@ def fused_w4a16_linear(x, weight: QuantizedWeight, bias=None):
         return w4a16_gemm_sm70(x2, weight, bias).reshape(*lead, n)
     elif (tile := mma_tile(table, m, x2, weight)) is not None:
         return w4a16_gemm_mma(x2, weight, bias, tile).reshape(*lead, n)
+    elif (tile := wgmma_tile(table, m, x2, weight)) is not None:
+        return w4a16_gemm_wgmma(x2, weight, bias, tile).reshape(*lead, n)
     else:
         c = next(cfg for max_m, cfg in table.gemm if m <= max_m)
         bk = block_k(c.BK, g, k)
