@@ -4,6 +4,7 @@ optional bias, cast to the output dtype. One program per (row, BLOCK columns).
 """
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -23,3 +24,18 @@ def splitk_reduce_kernel(part_ptr, bias_ptr, y_ptr, M, N, stride_ym, SPLIT_K: tl
     if HAS_BIAS:
         acc += tl.load(bias_ptr + o_n, mask=m_n, other=0).to(tl.float32)
     tl.store(y_ptr + i_m * stride_ym + o_n, acc.to(y_ptr.dtype.element_ty), mask=m_n)
+
+
+def split_partials(split: int, y: torch.Tensor) -> torch.Tensor:
+    """fp32 partials [split, M, N] for y [M, N] when split > 1; else y itself (the kernels' unused part_ptr)."""
+    return torch.empty((split,) + tuple(y.shape), dtype=torch.float32, device=y.device) if split > 1 else y
+
+
+def reduce_splits(part: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor, split: int) -> torch.Tensor:
+    """y [M, N] = the sum of split > 1 partials (+ bias) by ``splitk_reduce_kernel``; nothing to do for split 1."""
+    if split > 1:
+        m, n = y.shape
+        splitk_reduce_kernel[(m, triton.cdiv(n, REDUCE_BLOCK))](
+            part, bias if bias is not None else y, y, m, n, y.stride(0), SPLIT_K=split, BLOCK=REDUCE_BLOCK,
+            HAS_BIAS=bias is not None)
+    return y

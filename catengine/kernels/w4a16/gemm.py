@@ -45,7 +45,7 @@ import triton.language as tl
 from ...errors import ConfigError, KernelContractError
 from ..common.aot import AotConfig
 from ..common.arch import INTERPRET, arch_key, device_key
-from ..common.splitk import REDUCE_BLOCK, splitk_reduce_kernel
+from ..common.splitk import REDUCE_BLOCK, reduce_splits, split_partials, splitk_reduce_kernel  # noqa: F401 (aot)
 from .packing import QuantizedWeight
 from .gemv import w4a16_gemv_kernel
 from .gemm_sm70 import w4a16_gemm_sm70
@@ -373,7 +373,7 @@ def fused_w4a16_linear(x, weight: QuantizedWeight, bias=None):
         mr = gemv_rows_per_program(c, m)
         tiles = triton.cdiv(n, c.BN) * triton.cdiv(m, mr)
         split = pick_split(tiles, k // (8 * r), c.waves, sms)
-        part = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else y
+        part = split_partials(split, y)
         grid = (triton.cdiv(n, c.BN), split, triton.cdiv(m, mr))
         counters = (split_counters(weight, grid[0] * grid[2], grid[0] * max(4, table.gemv_max_m))
                     if split > 1 and c.fused_reduce else None)
@@ -396,16 +396,12 @@ def fused_w4a16_linear(x, weight: QuantizedWeight, bias=None):
         bk = block_k(c.BK, g, k)
         tiles = triton.cdiv(m, c.BM) * triton.cdiv(n, c.BN)
         split = pick_split(tiles, k // bk, c.waves, sms) if c.waves > 1 else 1
-        part = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else y
+        part = split_partials(split, y)
         _w4a16_gemm_kernel[(tiles, split)](
             x2, qw, sc, zr, b_arg, y, part, m, n, k, x2.stride(0), y.stride(0), 0x000F000F, G=g, BM=c.BM,
             BN=c.BN, BK=bk, SPLIT_K=split, GROUP_M=c.group_m, HAS_BIAS=bias is not None,
             INTERPRET=INTERPRET, num_warps=c.num_warps, num_stages=c.num_stages)
-    if split > 1:
-        splitk_reduce_kernel[(m, triton.cdiv(n, REDUCE_BLOCK))](
-            part, b_arg, y, m, n, y.stride(0), SPLIT_K=split, BLOCK=REDUCE_BLOCK,
-            HAS_BIAS=bias is not None, num_warps=4)
-    return y.reshape(*lead, n)
+    return reduce_splits(part, bias, y, split).reshape(*lead, n)
 
 
 

@@ -31,7 +31,7 @@ from ...errors import KernelContractError
 from ..common.aot import AotConfig
 from ..common.arch import cuda_device, device_key
 from ..common.int4_frag import PAIR_K_ASM, PAIR_K_CONSTRAINTS
-from ..common.splitk import REDUCE_BLOCK, splitk_reduce_kernel
+from ..common.splitk import reduce_splits, split_partials
 from .packing import QuantizedWeight
 
 
@@ -112,44 +112,23 @@ def _merge_b(v):
 
 
 # ---------------------------------------------------------------- register math (inline PTX)
-# $0..$7: the lane's A registers of one k = 32 step in MMA order (row g, row g+8 alternating, pairs (k0,k4),
-# (k1,k5), (k2,k6), (k3,k7)) as half2; $8 / $16: the codes of rows g / g+8 (broadcast over 8 slots); $24 / $28:
-# half2 1024 + zero of the two rows; $32 / $36: half2 scales
-_DEQUANT_ASM = gl.constexpr("""
-{
-.reg .b32 t0, t1, t2, u0, u1, u2;
-shr.b32 t0, $8, 4;
-shr.b32 t1, $8, 8;
-shr.b32 t2, $8, 12;
-shr.b32 u0, $16, 4;
-shr.b32 u1, $16, 8;
-shr.b32 u2, $16, 12;
-lop3.b32 $0, $8, 0x000f000f, 0x64006400, 0xea;
-lop3.b32 $1, $16, 0x000f000f, 0x64006400, 0xea;
-lop3.b32 $2, t0, 0x000f000f, 0x64006400, 0xea;
-lop3.b32 $3, u0, 0x000f000f, 0x64006400, 0xea;
-lop3.b32 $4, t1, 0x000f000f, 0x64006400, 0xea;
-lop3.b32 $5, u1, 0x000f000f, 0x64006400, 0xea;
-lop3.b32 $6, t2, 0x000f000f, 0x64006400, 0xea;
-lop3.b32 $7, u2, 0x000f000f, 0x64006400, 0xea;
-sub.rn.f16x2 $0, $0, $24;
-sub.rn.f16x2 $1, $1, $28;
-sub.rn.f16x2 $2, $2, $24;
-sub.rn.f16x2 $3, $3, $28;
-sub.rn.f16x2 $4, $4, $24;
-sub.rn.f16x2 $5, $5, $28;
-sub.rn.f16x2 $6, $6, $24;
-sub.rn.f16x2 $7, $7, $28;
-mul.rn.f16x2 $0, $0, $32;
-mul.rn.f16x2 $1, $1, $36;
-mul.rn.f16x2 $2, $2, $32;
-mul.rn.f16x2 $3, $3, $36;
-mul.rn.f16x2 $4, $4, $32;
-mul.rn.f16x2 $5, $5, $36;
-mul.rn.f16x2 $6, $6, $32;
-mul.rn.f16x2 $7, $7, $36;
-}
-""")
+def dequant_rows_asm(q0: str, q1: str, z0: str, z1: str, s0: str, s1: str) -> str:
+    """PTX dequantising two MMA rows' codes q0 / q1 into the 8 half2 A registers $0..$7 (row 0 in the even, row 1 in
+    the odd ones; registers 2 i and 2 i + 1 hold the pair (k_i, k_i+4)), with 1024 + zero z0 / z1 and scales s0 / s1
+    as half2 operands: lop3 / sub.f16x2 / mul.f16x2, the twin's ``(q - z) * s`` rounded once. The operand names are
+    the caller's (its pack decides them); gemm_wgmma.py takes the same sequence."""
+    src = [(q0, q1)] + [(f"t{i}", f"u{i}") for i in range(3)]
+    lines = ["{", ".reg .b32 t0, t1, t2, u0, u1, u2;"]
+    lines += [f"shr.b32 {r}{i}, {q}, {4 * (i + 1)};" for r, q in (("t", q0), ("u", q1)) for i in range(3)]
+    lines += [f"lop3.b32 ${2 * i + h}, {src[i][h]}, 0x000f000f, 0x64006400, 0xea;" for i in range(4) for h in range(2)]
+    lines += [f"sub.rn.f16x2 ${r}, ${r}, {(z0, z1)[r % 2]};" for r in range(8)]
+    lines += [f"mul.rn.f16x2 ${r}, ${r}, {(s0, s1)[r % 2]};" for r in range(8)]
+    return "\n" + "\n".join(lines + ["}"]) + "\n"
+
+
+# $0..$7: the lane's A registers of one k = 32 step in MMA order (row g, row g+8 alternating); $8 / $16: the codes of rows
+# g / g+8 (broadcast over 8 slots); $24 / $28: half2 1024 + zero of the two rows; $32 / $36: half2 scales
+_DEQUANT_ASM = gl.constexpr(dequant_rows_asm("$8", "$16", "$24", "$28", "$32", "$36"))
 _DEQUANT_CONSTRAINTS = gl.constexpr(",".join(["=r"] * 8 + ["r"] * 16 + ["r"] * 16))
 
 # one k = 32 step of a 16 x 16 (rows x tokens) block: $0..$7 accumulators (token block j: $4j..$4j+3), $8..$15
@@ -164,7 +143,7 @@ _MMA_CONSTRAINTS = gl.constexpr(",".join(["=f"] * 8 + [str(i) for i in range(8)]
 
 
 @gluon.jit
-def _pick(v, I: gl.constexpr, N: gl.constexpr):
+def pick_slot(v, I: gl.constexpr, N: gl.constexpr):
     """v [..., N] (N = 1, 2 or 4, held in registers) -> v[..., I]."""
     if N == 1:
         return gl.reshape(v, v.shape[:-1])
@@ -173,7 +152,7 @@ def _pick(v, I: gl.constexpr, N: gl.constexpr):
         return b if I == 1 else a
     else:
         a, b = gl.split(gl.reshape(v, v.shape[:-1] + [2, 2]))
-        return _pick(b if I % 2 == 1 else a, I // 2, 2)
+        return pick_slot(b if I % 2 == 1 else a, I // 2, 2)
 
 
 @gluon.jit
@@ -228,12 +207,25 @@ def mainloop(p_q, p_x, p_s, p_z, m_q, m_x, m_s, NW, k_begin, k_end, G: gl.conste
         for ks in gl.static_range(KS):
             f_a = gl.inline_asm_elementwise(
                 _DEQUANT_ASM, _DEQUANT_CONSTRAINTS,
-                [_rows(_pick(q_lo, ks, KS), W), _rows(_pick(q_hi, ks, KS), W), z_lo, z_hi, s_lo, s_hi],
+                [_rows(pick_slot(q_lo, ks, KS), W), _rows(pick_slot(q_hi, ks, KS), W), z_lo, z_hi, s_lo, s_hi],
                 dtype=gl.int32, is_pure=True, pack=8)
-            f_b = gl.convert_layout(_pick(c_x, ks, KS), frag_layout(W))
+            f_b = gl.convert_layout(pick_slot(c_x, ks, KS), frag_layout(W))
             acc = gl.inline_asm_elementwise(_MMA_ASM, _MMA_CONSTRAINTS, [acc, f_a, f_b], dtype=gl.float32,
                                             is_pure=True, pack=8)
     return acc
+
+
+@gluon.jit
+def store_tile(acc, o_ym, o_yn, y_ptr, part_ptr, bias_ptr, M, N, stride_ym, i_s, SPLIT: gl.constexpr,
+               HAS_BIAS: gl.constexpr):
+    """acc (fp32, token o_ym, column o_yn) + bias -> y fp16, or (SPLIT) into split i_s's fp32 partials [.., M, N]."""
+    m_y = (o_ym < M) & (o_yn < N)
+    if not SPLIT:
+        if HAS_BIAS:
+            acc += gl.load(bias_ptr + o_yn, mask=o_yn < N, other=0.0).to(gl.float32)
+        gl.store(y_ptr + o_ym * stride_ym + o_yn, acc.to(gl.float16), mask=m_y)
+    else:
+        gl.store(part_ptr + (i_s * M + o_ym) * N + o_yn, acc, mask=m_y)
 
 
 @gluon.jit
@@ -275,13 +267,7 @@ def w4a16_gemm_mma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_ptr
     aR, am, ag, at, a_s = acc_index(MB, W)
     o_yn = i_n * 64 * W + 64 * (aR // 4) + 8 * ag + 2 * (aR % 4) + (a_s % 4) // 2
     o_ym = i_m * 16 * MB + 16 * am + 8 * (a_s // 4) + 2 * at + a_s % 2
-    m_y = (o_ym < M) & (o_yn < N)
-    if not SPLIT:
-        if HAS_BIAS:
-            acc += gl.load(bias_ptr + o_yn, mask=o_yn < N, other=0.0).to(gl.float32)
-        gl.store(y_ptr + o_ym * stride_ym + o_yn, acc.to(gl.float16), mask=m_y)
-    else:
-        gl.store(part_ptr + (i_s * M + o_ym) * N + o_yn, acc, mask=m_y)
+    store_tile(acc, o_ym, o_yn, y_ptr, part_ptr, bias_ptr, M, N, stride_ym, i_s, SPLIT, HAS_BIAS)
 
 
 # ---------------------------------------------------------------- launcher
@@ -319,6 +305,20 @@ def pick_split(M: int, N: int, K: int, G: int, tile: MmaTile, sms: int) -> int:
     return -(-n_g // per)
 
 
+def register_a_operands(name: str, x: torch.Tensor, weight: QuantizedWeight, applies: bool, more: str):
+    """The operand contract of the register-A launchers (this one and gemm_wgmma's): (M, K, N, G, y [M, N] fp16), or
+    KernelContractError saying what to change; ``more`` names a condition of the caller's beyond mma_applies."""
+    if not applies:
+        raise KernelContractError(f"{name} needs fp16 x [M, K] with K-contiguous 16-byte aligned rows and a 2-D weight "
+                                  f"with groups of 32/64/128{more}: x {tuple(x.shape)} {x.dtype} stride {x.stride()}, "
+                                  f"group {weight.group_size}, N {weight.out_features}")
+    M, K = x.shape
+    if K != weight.in_features:
+        raise KernelContractError(f"x has {K} input features, the weight {weight.in_features}")
+    N = weight.out_features
+    return M, K, N, weight.group_size, torch.empty((M, N), dtype=torch.float16, device=x.device)
+
+
 def w4a16_gemm_mma(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None,
                    tile: MmaTile | None = None, split_k: int | None = None) -> torch.Tensor:
     """x [M, K] fp16 @ dequant(weight) [K, N] (+ bias [N]) -> [M, N] fp16 on mma.sync m16n8k16 (sm_80+).
@@ -326,30 +326,19 @@ def w4a16_gemm_mma(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor 
     bench/NOTES.md)."""
     if not cuda_device(x.device):
         raise KernelContractError(f"w4a16_gemm_mma runs on CUDA only (Gluon has no interpreter), got {x.device}")
-    if not mma_applies(x, weight):
-        raise KernelContractError(f"w4a16_gemm_mma needs fp16 x [M, K] with K-contiguous 16-byte aligned rows and "
-                                  f"a 2-D weight with groups of 32/64/128: x {tuple(x.shape)} {x.dtype} stride "
-                                  f"{x.stride()}, group {weight.group_size}")
-    M, K = x.shape
-    N, G = weight.out_features, weight.group_size
-    if K != weight.in_features:
-        raise KernelContractError(f"x has {K} input features, the weight {weight.in_features}")
+    M, K, N, G, y = register_a_operands("w4a16_gemm_mma", x, weight, mma_applies(x, weight), "")
     tile = tile or MmaTile()
-    y = torch.empty((M, N), dtype=torch.float16, device=x.device)
     if M == 0:
         return y
     _, sms = device_key(x.device)
     split = split_k or pick_split(M, N, K, G, tile, sms)
-    part = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
+    part = split_partials(split, y)
     b = bias if bias is not None else weight.scales
     grid = (-(-M // (16 * tile.MB)), -(-N // (64 * tile.W)), split)
     w4a16_gemm_mma_kernel[grid](x.view(torch.int32), weight.qweight, weight.scales, weight.zeros, b, y, part, M, N,
                                 K, x.stride(0) // 2, y.stride(0), split, G=G, MB=tile.MB, W=tile.W, SPLIT=split > 1,
                                 HAS_BIAS=bias is not None, num_warps=tile.W)
-    if split > 1:
-        splitk_reduce_kernel[(M, -(-N // REDUCE_BLOCK))](part, b, y, M, N, y.stride(0), SPLIT_K=split,
-                                                         BLOCK=REDUCE_BLOCK, HAS_BIAS=bias is not None)
-    return y
+    return reduce_splits(part, bias, y, split)
 
 
 _SIG = {"x_ptr": "*i32", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*fp16", "bias_ptr": "*fp16",

@@ -27,7 +27,7 @@ from ..common.arch import cuda_device, device_key
 from ..common.int4_frag import code_layout, code_smem_layout, code_stage_layout, dequant_frag, index3, permute_k
 from ..common.mma884 import (Tile884, a_layout, a_smem_shape, acc_rows_cols, b_layout, frag_layout, mma884,
                              pick_tile, smem_layout, stage_index, stage_layout_a)
-from ..common.splitk import REDUCE_BLOCK, splitk_reduce_kernel
+from ..common.splitk import REDUCE_BLOCK, reduce_splits, split_partials, splitk_reduce_kernel  # noqa: F401 (aot)
 from .packing import QuantizedWeight
 
 
@@ -169,17 +169,14 @@ def w4a16_gemm_sm70(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor
         return y
     _, sms = device_key(x.device)   # the row's reference count under CATENGINE_ARCH, as every launcher
     split = split_k or pick_split_k(M, N, K, cfg, sms)
-    part = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
+    part = split_partials(split, y)
     qw, s, z = weight.qweight.contiguous(), weight.scales.contiguous(), weight.zeros.contiguous()
     b = bias if bias is not None else s
     grid = (-(-M // cfg.BM), -(-N // cfg.BN), split)
     w4a16_gemm_sm70_kernel[grid](x, qw, s, z, b, y, part, M, N, K, x.stride(0), y.stride(0), G=G, BM=cfg.BM,
                                  BN=cfg.BN, BK=cfg.BK, WM=cfg.WM, WN=cfg.WN, SPLIT_K=split,
                                  HAS_BIAS=bias is not None, num_warps=cfg.num_warps)
-    if split > 1:
-        splitk_reduce_kernel[(M, -(-N // REDUCE_BLOCK))](part, b, y, M, N, y.stride(0), SPLIT_K=split,
-                                                         BLOCK=REDUCE_BLOCK, HAS_BIAS=bias is not None)
-    return y
+    return reduce_splits(part, bias, y, split)
 
 
 _SIG = {"x_ptr": "*fp16", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*fp16", "bias_ptr": "*fp16",

@@ -32,8 +32,9 @@ from ..common.aot import AotConfig
 from ..common.arch import cuda_device, device_key
 from ..common.int4_frag import permute_k
 from ..common.mma884 import cta_barrier
-from ..common.splitk import REDUCE_BLOCK, splitk_reduce_kernel
-from .gemm_mma import MAX_SPLIT_K, mma_applies, tile_index
+from ..common.splitk import reduce_splits, split_partials
+from .gemm_mma import (MAX_SPLIT_K, dequant_rows_asm, mma_applies, pick_slot, register_a_operands, store_tile,
+                       tile_index)
 from .packing import QuantizedWeight
 
 
@@ -84,44 +85,9 @@ def x_smem_layout():
 
 
 # ---------------------------------------------------------------- register math
-# one rep's two rows (h) of one k = 32 step: $0..$7 the half2 A registers 4 j + 2 hi + h = pair (k_i, k_i+4) of row h,
-# i = 2 j + hi; $8..$23 the code (int32 per element: $8 row 0, $10 row 1); $24..$31 1024 + zero and $32..$39 the
-# scale as half2 (register r is row r % 2)
-_DEQUANT_ASM = gl.constexpr("""
-{
-.reg .b32 t0, t1, t2, u0, u1, u2;
-shr.b32 t0, $8, 4;
-shr.b32 t1, $8, 8;
-shr.b32 t2, $8, 12;
-shr.b32 u0, $10, 4;
-shr.b32 u1, $10, 8;
-shr.b32 u2, $10, 12;
-lop3.b32 $0, $8, 0x000f000f, 0x64006400, 0xea;
-lop3.b32 $1, $10, 0x000f000f, 0x64006400, 0xea;
-lop3.b32 $2, t0, 0x000f000f, 0x64006400, 0xea;
-lop3.b32 $3, u0, 0x000f000f, 0x64006400, 0xea;
-lop3.b32 $4, t1, 0x000f000f, 0x64006400, 0xea;
-lop3.b32 $5, u1, 0x000f000f, 0x64006400, 0xea;
-lop3.b32 $6, t2, 0x000f000f, 0x64006400, 0xea;
-lop3.b32 $7, u2, 0x000f000f, 0x64006400, 0xea;
-sub.rn.f16x2 $0, $0, $24;
-sub.rn.f16x2 $1, $1, $25;
-sub.rn.f16x2 $2, $2, $24;
-sub.rn.f16x2 $3, $3, $25;
-sub.rn.f16x2 $4, $4, $24;
-sub.rn.f16x2 $5, $5, $25;
-sub.rn.f16x2 $6, $6, $24;
-sub.rn.f16x2 $7, $7, $25;
-mul.rn.f16x2 $0, $0, $32;
-mul.rn.f16x2 $1, $1, $33;
-mul.rn.f16x2 $2, $2, $32;
-mul.rn.f16x2 $3, $3, $33;
-mul.rn.f16x2 $4, $4, $32;
-mul.rn.f16x2 $5, $5, $33;
-mul.rn.f16x2 $6, $6, $32;
-mul.rn.f16x2 $7, $7, $33;
-}
-""")
+# one rep's two rows (h) of one k = 32 step, pack 16: $0..$7 the half2 A registers 4 j + 2 hi + h; $8..$23 the code (an
+# int32 per element: $8 row 0, $10 row 1); $24..$31 1024 + zero and $32..$39 the scale, half2 (register r is row r % 2)
+_DEQUANT_ASM = gl.constexpr(dequant_rows_asm("$8", "$10", "$24", "$25", "$32", "$33"))
 _DEQUANT_CONSTRAINTS = gl.constexpr(",".join(["=r"] * 8 + ["r"] * 16 + ["r"] * 8 + ["r"] * 8))
 
 
@@ -132,19 +98,6 @@ def _keep(L, rank, dims):
         if i not in dims:
             L = gl.SliceLayout(i, L)
     return L
-
-
-@gluon.jit
-def _take(v, I: gl.constexpr, N: gl.constexpr):
-    """v [..., N] (N = 1, 2 or 4, in registers) -> v[..., I]."""
-    if N == 1:
-        return gl.reshape(v, v.shape[:-1])
-    elif N == 2:
-        a, b = gl.split(v)
-        return b if I == 1 else a
-    else:
-        a, b = gl.split(gl.reshape(v, v.shape[:-1] + [2, 2]))
-        return _take(b if I % 2 == 1 else a, I // 2, 2)
 
 
 @gluon.jit
@@ -242,7 +195,7 @@ def w4a16_gemm_wgmma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_p
         c_q = gl.permute(c_q, [0, 1, 2, 4, 3])                             # [4, 8, 4, 2 R, KS]
         c_z = c_z + 1024.0
         for ks in gl.static_range(KS):
-            a = dequant_a(_take(c_q, ks, KS), c_z, c_s, R, BT)
+            a = dequant_a(pick_slot(c_q, ks, KS), c_z, c_s, R, BT)
             acc = warpgroup_mma(a, x_smem.index(buf).slice(ks * BT, BT).permute((1, 0)), acc, is_async=True)
         store_x(x_smem, 1 - buf, x_steps(b_x, BT, KS), BT, KS)
         fence_async_shared()
@@ -257,13 +210,7 @@ def w4a16_gemm_wgmma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_p
     LO: gl.constexpr = acc.type.layout
     o_yn = c0 + gl.expand_dims(gl.arange(0, 64 * R, layout=gl.SliceLayout(1, LO)), 1)
     o_ym = i_m * BT + gl.expand_dims(gl.arange(0, BT, layout=gl.SliceLayout(0, LO)), 0)
-    m_y = (o_ym < M) & (o_yn < N)
-    if not SPLIT:
-        if HAS_BIAS:
-            acc += gl.load(bias_ptr + o_yn, mask=o_yn < N, other=0.0).to(gl.float32)
-        gl.store(y_ptr + o_ym * stride_ym + o_yn, acc.to(gl.float16), mask=m_y)
-    else:
-        gl.store(part_ptr + (i_s * M + o_ym) * N + o_yn, acc, mask=m_y)
+    store_tile(acc, o_ym, o_yn, y_ptr, part_ptr, bias_ptr, M, N, stride_ym, i_s, SPLIT, HAS_BIAS)
 
 
 # ---------------------------------------------------------------- launcher
@@ -296,30 +243,20 @@ def w4a16_gemm_wgmma(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tenso
     """x [M, K] fp16 @ dequant(weight) [K, N] (+ bias [N]) -> [M, N] fp16 on wgmma (sm_90)."""
     if not cuda_device(x.device) or torch.cuda.get_device_capability(x.device)[0] != 9:
         raise KernelContractError(f"w4a16_gemm_wgmma runs on sm_90 only (wgmma; Gluon has no interpreter), got {x.device}")
-    if not wgmma_applies(x, weight):
-        raise KernelContractError(f"w4a16_gemm_wgmma needs fp16 x [M, K] with K-contiguous 16-byte aligned rows and "
-                                  f"a 2-D weight with groups of 32/64/128: x {tuple(x.shape)} {x.dtype} stride "
-                                  f"{x.stride()}, group {weight.group_size}")
-    M, K = x.shape
-    N, G = weight.out_features, weight.group_size
-    if K != weight.in_features:
-        raise KernelContractError(f"x has {K} input features, the weight {weight.in_features}")
+    M, K, N, G, y = register_a_operands("w4a16_gemm_wgmma", x, weight, wgmma_applies(x, weight),
+                                        " and N a multiple of 16")
     tile = tile or WgmmaTile()
-    y = torch.empty((M, N), dtype=torch.float16, device=x.device)
     if M == 0:
         return y
     _, sms = device_key(x.device)
     split = split_k or pick_split(M, N, K, G, tile, sms)
-    part = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
+    part = split_partials(split, y)
     b = bias if bias is not None else weight.scales
     grid = (-(-M // tile.BT), -(-N // (64 * tile.R)), split)
     w4a16_gemm_wgmma_kernel[grid](x, weight.qweight, weight.scales, weight.zeros, b, y, part, M, N, K, x.stride(0),
                                   y.stride(0), split, G=G, R=tile.R, BT=tile.BT, SPLIT=split > 1,
                                   HAS_BIAS=bias is not None, num_warps=4)
-    if split > 1:
-        splitk_reduce_kernel[(M, -(-N // REDUCE_BLOCK))](part, b, y, M, N, y.stride(0), SPLIT_K=split,
-                                                         BLOCK=REDUCE_BLOCK, HAS_BIAS=bias is not None)
-    return y
+    return reduce_splits(part, bias, y, split)
 
 
 _SIG = {"x_ptr": "*fp16", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*fp16", "bias_ptr": "*fp16",

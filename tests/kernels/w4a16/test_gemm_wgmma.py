@@ -3,8 +3,8 @@
 CPU: every configuration compiles for sm_90 with wgmma in its PTX, its only shared memory the x buffers (every
 register relabelling of the A side is free: no shared-memory conversion, no shuffle) and no spills; none for sm_80 or
 sm_70; the launcher's contract, split picking and the table's rows.
-GPU (``-m gpu``, sm_90): groups 32/64/128, M and N tails, explicit and picked split K, bias, R 1/2/4, BT 16-64, the
-real 27B K through the table.
+GPU (``-m gpu``, sm_90): groups 32/64/128, M and N tails, explicit and picked split K, bias, R 1/2/4, BT 16-64 (the
+real 27B K through the table's wgmma rows: test_gemm_mma.py's test_gpu_gemm_mma_real_k_through_the_table).
 """
 import pytest
 import torch
@@ -95,16 +95,3 @@ def test_gpu_gemm_wgmma_matches_twin(group, m, k, n, split, tile):
     x = torch.randn(m, k, generator=gen, device="cuda").half()
     bias = torch.randn(n, generator=gen, device="cuda").half() if m % 2 else None
     _check(w4a16_gemm_wgmma(x, w, bias, WgmmaTile(*tile), split_k=split), x, w, bias)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("m", [25, 32, 48, 64])
-def test_gpu_gemm_wgmma_real_k_through_the_table(m):
-    """The 27B gate_up's K through fused_w4a16_linear (the table's tile and split), asymmetric and symmetric."""
-    if not _sm90():
-        pytest.skip("wgmma needs sm_90")
-    from catengine.kernels.w4a16.gemm import fused_w4a16_linear
-    for sym in (False, True):
-        w = make_qweight(5120, 768, 128, torch.float16, symmetric=sym, device="cuda", seed=5 + m)
-        x = torch.randn(m, 5120, generator=torch.Generator(device="cuda").manual_seed(m), device="cuda").half()
-        _check(fused_w4a16_linear(x, w), x, w, None)
