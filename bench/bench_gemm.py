@@ -32,6 +32,7 @@ from w4a16_common import GROUP, graph_ms, patched, pick_fastest, qbytes
 from catengine.kernels.moe import fused as moe
 from catengine.kernels.w4a16 import dequant as w4a16_dequant
 from catengine.kernels.w4a16 import gemm as w4a16
+from catengine.kernels.w4a16 import launch
 from catengine.kernels.w4a16.packing import QuantizedWeight, dequantize, pack_int4_along_k
 
 DENSE = [("qkv 5120->14336", 5120, 14336), ("o_proj 6144->5120", 6144, 5120),
@@ -93,7 +94,7 @@ def sweep(deadline: float, dtype=torch.float16):
     """Try launch configurations for each M bucket on o_proj, gate_up (and down at M = 1); keep the
     fastest by summed time. Returns the chosen (w4a16, fused_moe) tables."""
     key, _ = w4a16.device_key("cuda")
-    gv, gm, rep = w4a16.GemvConfig, w4a16.GemmConfig, dataclasses.replace
+    gv, gm, rep = launch.GemvConfig, launch.GemmConfig, dataclasses.replace
     shapes = [DENSE[1], DENSE[2], DENSE[3]]
     ws = {(k, n): [random_qweight(k, n, dtype, i) for i in range(copies_for(qbytes(k, n)))] for _, k, n in shapes}
 
@@ -133,7 +134,7 @@ def sweep(deadline: float, dtype=torch.float16):
 
 # Dense GEMV candidates (--gemv-m1): (label, GemvConfig). half2=False is the fp32 weight math that
 # bf16 runs, on the same tiles, for comparison.
-_GV = w4a16.GemvConfig
+_GV = launch.GemvConfig
 GEMV_CANDIDATES = [
     # registers per thread (ptxas, Triton 3.6, sm_90) since each thread's rows lie in one scale block:
     # 64x512 w4 64, 64x256 w4 with prefetch 72, 128x512 w4 102, 64x1024 w8 64 (before: 128 for 64x512 w4)

@@ -23,6 +23,7 @@ from catengine.kernels.moe import fused as moe
 from catengine.kernels.moe import naive as reference
 from catengine.kernels.moe import route
 from catengine.kernels.w4a16 import gemm as w4a16
+from catengine.kernels.w4a16 import launch
 from catengine.kernels.w4a16.gemm_mma import MmaTile
 from catengine.kernels.w4a16.packing import QuantizedWeight, dequantize, pack_int4_along_k
 
@@ -90,7 +91,7 @@ def bench_moe(dtype=torch.float16):
 
 # MoE decode candidates (--sweep): (label, fields of the fused_moe table); decode=None is
 # the older row kernels; PDL1/2: the down kernel / both kernels as programmatic dependent launches.
-_DEC = w4a16.GemvConfig
+_DEC = launch.GemvConfig
 
 
 def _dec(up, down, pdl=0):
@@ -179,7 +180,7 @@ def sweep_moe(deadline, dtype):
             return ms, [ms]
         return run
 
-    gm = w4a16.GemmConfig
+    gm = launch.GemmConfig
     grids = [gm(16, 64, 64, 4, 4), gm(16, 64, 128, 4, 3), gm(16, 128, 64, 8, 4)]
     return pick_fastest("MoE 64 tokens, BM=16 GEMM", moe, key,
                  [(str(c), dataclasses.replace(tab, gemm=((16, c),) + tab.gemm[1:])) for c in grids], timer(64, 2),

@@ -172,7 +172,7 @@ def _matmul_path(op: str, row: int, dot: str) -> str:
     hmma = "HMMA.884 Gluon"
     if op == "w4a16_linear":
         from ..kernels.w4a16.dequant import DEQUANT_MIN_M
-        from ..kernels.w4a16.gemm import TABLES
+        from ..kernels.w4a16.launch import TABLES
         key = f"sm{row}"
         t, big = TABLES[key], DEQUANT_MIN_M[key]
         parts = [f"M <= {t.gemv_max_m}: GEMV on CUDA cores"]

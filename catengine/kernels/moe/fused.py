@@ -26,7 +26,7 @@ from ...errors import ConfigError, KernelContractError
 from ..common.aot import AotConfig
 from ..common.arch import INTERPRET, arch_key, device_key
 from ..common.splitk import REDUCE_BLOCK, splitk_reduce_kernel
-from ..w4a16.gemm import GemmConfig, GemvConfig, block_k, gemv_block_k, pick_split
+from ..w4a16.launch import GemmConfig, GemvConfig, block_k, gemv_block_k, pick_split
 from ..w4a16.gemm_mma import MmaTile, pick_mma_tile
 from ..w4a16.packing import QuantizedWeight
 # every kernel is named here: common/aot.py looks each configuration's kernel up in this module

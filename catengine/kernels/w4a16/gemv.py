@@ -3,7 +3,7 @@ and the fp32 weight math (``fma_tile``, ``gemv_tile_load``) that the row kernels
 :mod:`catengine.kernels.moe.rows` share.
 
 The dense GEMV reads a tile of R packed rows x BN columns as [BN, R // SR, SR]: blocks of SR rows
-that lie in one quantisation group and that one thread holds (``gemm.gemv_thread_rows``), so that
+that lie in one quantisation group and that one thread holds (``launch.gemv_thread_rows``), so that
 each thread's rows share one scale and zero point, loaded and prepared once per (column, block), and
 its accumulator is one fp32 per (column, block), summed over the rows in registers (the canonical
 layout is kept, packing.py). Two weight maths:

@@ -21,6 +21,7 @@ import torch
 from catengine.errors import ConfigError, KernelContractError
 from catengine.kernels.common.arch import INTERPRETER_SMS
 from catengine.kernels.w4a16 import gemm as w4a16
+from catengine.kernels.w4a16 import launch
 from catengine.kernels.w4a16 import naive as reference
 from catengine.kernels.w4a16.packing import QuantizedWeight, pack_int4_along_k
 
@@ -111,7 +112,7 @@ def test_rejects_what_it_cannot_run():
 def test_split_never_empty():
     for tiles in (1, 3, 40, 500):
         for n_kb in (1, 2, 3, 7, 136):
-            split = w4a16.pick_split(tiles, n_kb, 4, 132)
+            split = launch.pick_split(tiles, n_kb, 4, 132)
             per = -(-n_kb // split)
             assert 1 <= split <= n_kb and per * (split - 1) < n_kb
 
@@ -150,7 +151,7 @@ def _fused_reduce_case(monkeypatch, m, k, n, m_rows, device, bias):
         assert rel_err(y, ref) < TOL[torch.float16]
         assert w.split_counters is not None and int(w.split_counters.abs().sum()) == 0
     tiles = -(-n // w4a16.TABLES["sm90"].gemv.BN)
-    assert w4a16.pick_split(tiles * -(-m // m_rows), k // 8 // w4a16.gemv_tile_rows(
+    assert launch.pick_split(tiles * -(-m // m_rows), k // 8 // launch.gemv_tile_rows(
         w4a16.TABLES["sm90"].gemv.BK, k, 32)[0], 64, INTERPRETER_SMS if device == "cpu" else 132) > 1
 
 
@@ -162,28 +163,28 @@ def test_gemv_fused_split_reduce(monkeypatch, m, m_rows, bias):
 def test_gemv_group_not_power_of_two(monkeypatch):
     """G = 96: twelve packed rows per group, read as blocks of four rows that each lie in one group."""
     _gemv_table(monkeypatch, BK=256)
-    assert w4a16.gemv_tile_rows(256, 384, 96) == (16, 4)
+    assert launch.gemv_tile_rows(256, 384, 96) == (16, 4)
     check(1, 384, 24, 96, torch.float16)
 
 
 def test_gemv_tile_rows():
-    assert w4a16.gemv_tile_rows(512, 5120, 128) == (64, 16)
-    assert w4a16.gemv_tile_rows(512, 6144, 32) == (64, 4)
-    assert w4a16.gemv_tile_rows(512, 17408, 128) == (64, 16)
-    assert w4a16.gemv_tile_rows(1024, 5120, 128) == (128, 16)
-    assert w4a16.gemv_tile_rows(2048, 5120, 128) == (128, 16)     # 640 int32 rows: 256 do not divide them
+    assert launch.gemv_tile_rows(512, 5120, 128) == (64, 16)
+    assert launch.gemv_tile_rows(512, 6144, 32) == (64, 4)
+    assert launch.gemv_tile_rows(512, 17408, 128) == (64, 16)
+    assert launch.gemv_tile_rows(1024, 5120, 128) == (128, 16)
+    assert launch.gemv_tile_rows(2048, 5120, 128) == (128, 16)     # 640 int32 rows: 256 do not divide them
     with pytest.raises(ConfigError, match="multiple of 8"):
-        w4a16.gemv_tile_rows(512, 5120, 20)
+        launch.gemv_tile_rows(512, 5120, 20)
 
 
 def test_gemv_thread_rows():
     """Each thread's rows lie in one scale block: 64 columns x 64 int32 rows over 4 warps is 16 threads
     of 4 columns and 8 threads along the rows, 8 rows each; never more than the block, at least 1."""
-    assert w4a16.gemv_thread_rows(64, 16, 64, 4) == 8
-    assert w4a16.gemv_thread_rows(64, 4, 64, 4) == 4        # group 32: the block bounds it
-    assert w4a16.gemv_thread_rows(128, 16, 64, 4) == 16
-    assert w4a16.gemv_thread_rows(64, 16, 32, 4) == 4
-    assert w4a16.gemv_thread_rows(4, 4, 64, 4) == 1
+    assert launch.gemv_thread_rows(64, 16, 64, 4) == 8
+    assert launch.gemv_thread_rows(64, 4, 64, 4) == 4        # group 32: the block bounds it
+    assert launch.gemv_thread_rows(128, 16, 64, 4) == 16
+    assert launch.gemv_thread_rows(64, 16, 32, 4) == 4
+    assert launch.gemv_thread_rows(4, 4, 64, 4) == 1
 
 
 # ---------------------------------------------------------------- GPU, real shapes

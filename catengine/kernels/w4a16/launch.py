@@ -1,0 +1,169 @@
+"""The per-architecture launch table of the W4A16 kernels (gemm.py's dispatch, moe/ reads its GEMV and GEMM rows) and
+the tile arithmetic derived from it: split K, the GEMV's rows per tile and per thread, the GEMM's k tile.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ...errors import ConfigError
+from .gemm_mma import MmaTile
+from .gemm_wgmma import WgmmaTile
+from .packing import QuantizedWeight
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    BN: int
+    BK: int
+    num_warps: int
+    num_stages: int
+    waves: int          # split K until about waves * SMs programs exist
+    m_rows: int = 1     # dense GEMV: activation rows per program (1, 2 or 4), sharing each dequantised tile
+    prefetch: bool = True   # dense GEMV: issue the next tile's loads before this tile's math
+    half2: bool = True      # dense GEMV, fp16: packed half2 weight math (else the fp32 math bf16 uses)
+    # dense GEMV with split K: the last split of a tile reduces (no second launch)
+    fused_reduce: bool = False
+    # dense GEMV (sm_90 only): a programmatic dependent launch that fetches its first tile while the
+    # kernel before it finishes (gemv.py's PDL); the MoE decode kernels take moe.fused's decode_pdl
+    pdl: bool = False
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    BM: int
+    BN: int
+    BK: int
+    num_warps: int
+    num_stages: int
+    waves: int = 1      # > 1 only for memory-bound sizes: split K toward waves * SMs programs
+    group_m: int = 8
+
+
+@dataclass(frozen=True)
+class ArchTable:
+    gemv_max_m: int
+    gemv: GemvConfig
+    gemm: tuple         # ((max_m, GemmConfig), ...) ascending; the last covers every larger M
+    # sm_70: from this M on, fp16 GEMMs run on the tensor cores (HMMA.884, gemm_sm70.py) instead of tl.dot,
+    # which Triton >= 3.3 lowers to FMA there; None: tl.dot only
+    hmma_min_m: int | None = None
+    # sm_80+: fp16 GEMMs of M above gemv_max_m up to the last bound run on mma.sync m16n8k16 with the weight in
+    # registers (gemm_mma.py); ((max_m, MmaTile), ...) ascending, () for tl.dot only
+    mma: tuple = ()
+    # sm_90: fp16 GEMMs of M above the mma rows up to the last bound run on wgmma with the weight in registers
+    # (gemm_wgmma.py); ((max_m, WgmmaTile), ...) ascending
+    wgmma: tuple = ()
+
+
+MAX_SPLIT_K = 32
+
+# The GEMV row: 64 columns x 512 inputs per tile, no prefetch, no pipelining, split toward 16 waves
+# (measured on the H200; sm_80 and sm_70 take it unmeasured, with M = 1 only, no PDL: griddepcontrol
+# needs sm_90). On sm_90 the last split of a tile reduces in-kernel: 91.7 against 95.3 us summed over
+# the four 27B shapes at M = 1 (bench_gemm.py --gemv-m1), and one launch fewer per linear; with PDL,
+# splitting toward 8 waves (80.3 us) edged out 16 (82.4), and 2 rows per program serve M = 2. sm_70 has no
+# cp.async, so its GEMM stages stay at 1-2, and its shared memory (96 KB) bounds the tiles. The sm_90
+# choices come from bench/bench_gemm.py --sweep on an H200. The M <= 32 row (a decode step of 17-32
+# sequences) was timed after that sweep, by hand, against the candidates its M = 32 bucket now lists: BM 32
+# with split toward 8 waves beat BM 64, BM 16, BN 128 and 4 stages at M = 24 and 32 (lost at 48), and the
+# four 27B shapes at M = 32 went from 243 to 198 us in bench_gemm.py's table (gate_up 112 -> 89 us).
+# sm_70 takes HMMA.884 from 2 rows: its tl.dot GEMM is FMA there and spills, projected (CPU dry run, bench/NOTES.md)
+# at 312 us for 5120 x 17408 at M = 2-6 against 55-57 us on HMMA.884 (the M = 1 GEMV: 55 us).
+TABLES = {
+    "sm70": ArchTable(1, GemvConfig(64, 512, 4, 1, 16, prefetch=False), (
+        (16, GemmConfig(16, 64, 64, 4, 1, waves=4)),
+        (64, GemmConfig(64, 64, 64, 4, 1, waves=2)),
+        (1 << 30, GemmConfig(64, 128, 32, 8, 2)),
+    ), hmma_min_m=2),
+    "sm80": ArchTable(1, GemvConfig(64, 512, 4, 1, 16, prefetch=False), (
+        (16, GemmConfig(16, 64, 128, 4, 3, waves=8)),
+        (64, GemmConfig(64, 64, 128, 4, 3, waves=4)),
+        (256, GemmConfig(64, 128, 64, 4, 3)),
+        (1 << 30, GemmConfig(128, 128, 64, 8, 3)),
+    ), mma=((16, MmaTile(1, 2, 4)), (24, MmaTile(2, 1, 4)))),
+    "sm90": ArchTable(2, GemvConfig(64, 512, 4, 1, 8, m_rows=2, prefetch=False, fused_reduce=True, pdl=True), (
+        (16, GemmConfig(16, 64, 128, 4, 3, waves=8)),
+        (32, GemmConfig(32, 64, 128, 4, 3, waves=8)),
+        (64, GemmConfig(64, 64, 128, 4, 3, waves=4)),
+        (256, GemmConfig(128, 128, 64, 8, 3)),
+        (1 << 30, GemmConfig(256, 128, 64, 8, 4)),
+    ), mma=((16, MmaTile(1, 2, 4)),), wgmma=((32, WgmmaTile(2, 32, 2)), (64, WgmmaTile(1, 64, 2)))),
+}
+
+
+def split_counters(weight: QuantizedWeight, needed: int, size: int):
+    """The weight's zeroed int32 arrival counters for the GEMV's in-kernel split-K reduce (each call
+    leaves them zero again), ``size`` of them allocated on first use and never replaced (a captured
+    CUDA graph keeps their address). None when a call needs more, or when the first use is inside a
+    graph capture: the caller then launches the reduce kernel."""
+    buf = weight.split_counters
+    if buf is None:
+        device = weight.qweight.device
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        buf = weight.split_counters = torch.zeros(max(size, needed), dtype=torch.int32, device=device)
+    return buf if needed <= buf.numel() else None
+
+
+def pick_split(tiles: int, n_kb: int, waves: int, sms: int) -> int:
+    """Smallest split count giving about waves * SMs programs; rounded so no split is empty."""
+    want = max(1, min(-(-waves * sms // tiles), n_kb, MAX_SPLIT_K))
+    per = -(-n_kb // want)
+    return -(-n_kb // per)
+
+
+def gemv_tile_rows(bk: int, k: int, group: int) -> tuple[int, int]:
+    """Dense GEMV tile: (R packed rows dividing K / 8, SR rows per scale block: the largest power of
+    two that divides the group's G / 8 rows, at most R)."""
+    if group % 8:
+        raise ConfigError(f"W4A16 group size {group} is not a multiple of 8; use a checkpoint quantised "
+                          "with group size 32, 64 or 128")
+    r = bk // 8
+    while (k // 8) % r:
+        r //= 2
+    gr = group // 8
+    return r, min(gr & -gr, r)
+
+
+def gemv_thread_rows(r: int, sr: int, bn: int, num_warps: int) -> int:
+    """The GEMV kernels' SR: rows of one scale block that one thread holds. Triton lays the tile
+    [BN, R // SR, SR] out with 4 columns per thread (16-byte loads), the remaining threads along the
+    blocks, and SR in registers; so each thread's rows share one scale and zero point (3 registers
+    per column instead of 3 per column and block) and the accumulator is summed over them in-thread
+    (one fp32 per block instead of one per int32). The 64 x 512 tile: 128 -> 64 registers and 28 -> 23
+    SASS instructions per int32 (Triton 3.6, sm_90); on the H200 the dense GEMV is no faster for it
+    (it was not occupancy-bound, bench/NOTES.md) and the MoE decode 1-token step is 12.8 -> 12.1 us."""
+    threads = 32 * num_warps
+    return max(1, min(sr, r * min(bn // 4, threads) // threads))
+
+
+def gemv_tile(c: GemvConfig, k: int, group: int) -> tuple[int, int]:
+    """The (R, SR) every GEMV-style kernel of config c is launched with: gemv_tile_rows, then
+    gemv_thread_rows for its columns and warps."""
+    r, sr = gemv_tile_rows(c.BK, k, group)
+    return r, gemv_thread_rows(r, sr, c.BN, c.num_warps)
+
+
+def gemv_rows_per_program(c: GemvConfig, m: int) -> int:
+    """The MR the dense GEMV runs with for m activation rows: c.m_rows, capped at the kernel's 1, 2
+    or 4-row forms."""
+    return min(c.m_rows, 1 if m == 1 else 2 if m == 2 else 4)
+
+
+def gemv_block_k(bk: int, k: int) -> int:
+    """The GEMV reads each int32's own group, so its BK only has to divide K (K % 8 == 0)."""
+    while k % bk:
+        bk //= 2
+    return bk
+
+
+def block_k(bk: int, group: int, k: int) -> int:
+    """The table's BK shrunk until it divides the quantisation group (so a tile has one scale row)."""
+    while bk > 16 and (group % bk or k % bk):
+        bk //= 2
+    if group % bk or k % bk:
+        raise ConfigError(f"W4A16 group size {group} (K={k}) is not a multiple of 16; "
+                          "use a checkpoint quantised with group size 32, 64 or 128")
+    return bk
