@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 REDUCE_BLOCK = 1024     # output columns per reduce program
+MAX_SPLIT_K = 32        # splits of one tile at most (sm_80/90 kernels; gemm_sm70 keeps its own bound)
 
 
 @triton.jit
@@ -24,6 +25,14 @@ def splitk_reduce_kernel(part_ptr, bias_ptr, y_ptr, M, N, stride_ym, SPLIT_K: tl
     if HAS_BIAS:
         acc += tl.load(bias_ptr + o_n, mask=m_n, other=0).to(tl.float32)
     tl.store(y_ptr + i_m * stride_ym + o_n, acc.to(y_ptr.dtype.element_ty), mask=m_n)
+
+
+def pick_split(tiles: int, n_kb: int, waves: int, sms: int) -> int:
+    """Smallest split of n_kb k blocks giving about waves * SMs programs over ``tiles`` output tiles; rounded so no
+    split is empty."""
+    want = max(1, min(-(-waves * sms // tiles), n_kb, MAX_SPLIT_K))
+    per = -(-n_kb // want)
+    return -(-n_kb // per)
 
 
 def split_partials(split: int, y: torch.Tensor) -> torch.Tensor:

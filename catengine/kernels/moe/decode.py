@@ -40,7 +40,8 @@ import triton.language as tl
 
 from ..common.aot import AotConfig
 from ..common.arch import INTERPRET
-from ..w4a16.launch import GemvConfig, gemv_tile, pick_split, split_counters
+from ..common.splitk import pick_split
+from ..w4a16.launch import GemvConfig, gemv_tile, split_counters
 from ..w4a16.gemv import gemv_block_tile, gemv_rows, last_split_reduces
 
 

@@ -25,8 +25,8 @@ import triton
 from ...errors import ConfigError, KernelContractError
 from ..common.aot import AotConfig
 from ..common.arch import INTERPRET, arch_key, device_key
-from ..common.splitk import REDUCE_BLOCK, splitk_reduce_kernel
-from ..w4a16.launch import GemmConfig, GemvConfig, block_k, gemv_block_k, pick_split
+from ..common.splitk import REDUCE_BLOCK, pick_split, reduce_splits, split_partials
+from ..w4a16.launch import GemmConfig, GemvConfig, block_k, gemv_block_k
 from ..w4a16.gemm_mma import MmaTile, pick_mma_tile
 from ..w4a16.packing import QuantizedWeight
 # every kernel is named here: common/aot.py looks each configuration's kernel up in this module
@@ -135,17 +135,13 @@ def fused_moe(x, w13, w2, topk_weights, topk_ids):
         c = table.down_row
         bk = _dense_bk(c.BK, inter)
         split = pick_split(triton.cdiv(hid, c.BN) * t, top_k * inter // bk, c.waves, sms)
-        part = torch.empty((split, t, hid), dtype=torch.float32, device=x.device) if split > 1 else out
+        part = split_partials(split, out)
         moe_down_row_kernel[(triton.cdiv(hid, c.BN), t, split)](
             h, w2_q, w2_s, w2_z, ids, tw, out, part, t, hid, inter, NIB, TOPK=top_k,
             KP=triton.next_power_of_2(top_k), G=g2, BN=c.BN,
             BK=bk, SPLIT_K=split, QUANT=quant, STAGES=c.num_stages, num_warps=c.num_warps,
             num_stages=c.num_stages)
-        if split > 1:
-            splitk_reduce_kernel[(t, triton.cdiv(hid, REDUCE_BLOCK))](
-                part, out, out, t, hid, out.stride(0), SPLIT_K=split, BLOCK=REDUCE_BLOCK, HAS_BIAS=False,
-                num_warps=4)
-        return out
+        return reduce_splits(part, None, out, split)
     if table.hmma and hmma_moe_applies(x, w13, w2):
         return fused_moe_sm70(x, w13, w2, tw, ids)
     tile = pick_mma_tile(table.mma, t * top_k)

@@ -43,13 +43,14 @@ import triton.language as tl
 from ...errors import ConfigError, KernelContractError
 from ..common.aot import AotConfig
 from ..common.arch import INTERPRET, arch_key, device_key
-from ..common.splitk import REDUCE_BLOCK, reduce_splits, split_partials, splitk_reduce_kernel  # noqa: F401 (aot)
+from ..common.splitk import (REDUCE_BLOCK, pick_split, reduce_splits, split_partials,  # noqa: F401 (aot)
+                             splitk_reduce_kernel)
 from .packing import QuantizedWeight
 from .gemv import w4a16_gemv_kernel
 from .gemm_sm70 import w4a16_gemm_sm70
 from .gemm_mma import MmaTile, mma_applies, pick_mma_tile, w4a16_gemm_mma
 from .gemm_wgmma import WgmmaTile, w4a16_gemm_wgmma, wgmma_applies
-from .launch import TABLES, ArchTable, block_k, gemv_rows_per_program, gemv_tile, pick_split, split_counters
+from .launch import TABLES, ArchTable, block_k, gemv_rows_per_program, gemv_tile, split_counters
 
 
 # ---------------------------------------------------------------- dequantisation helpers

@@ -31,7 +31,7 @@ from ...errors import KernelContractError
 from ..common.aot import AotConfig
 from ..common.arch import cuda_device, device_key
 from ..common.int4_frag import PAIR_K_ASM, PAIR_K_CONSTRAINTS
-from ..common.splitk import reduce_splits, split_partials
+from ..common.splitk import pick_split, reduce_splits, split_partials
 from .packing import QuantizedWeight
 
 
@@ -279,9 +279,6 @@ class MmaTile:
     waves: int = 4
 
 
-MAX_SPLIT_K = 32
-
-
 def pick_mma_tile(rows: tuple, n: int) -> MmaTile | None:
     """The tile of the first ``(max n, tile)`` row of a table's ``mma`` entry that takes n; None past the last
     bound or for an empty entry (the dense and the MoE launch tables share this form)."""
@@ -296,13 +293,9 @@ def mma_applies(x2: torch.Tensor, weight: QuantizedWeight) -> bool:
             and x2.stride(1) == 1 and x2.stride(0) % 8 == 0 and x2.data_ptr() % 16 == 0)
 
 
-def pick_split(M: int, N: int, K: int, G: int, tile: MmaTile, sms: int) -> int:
-    """Split K (in whole groups) toward tile.waves programs per SM, rounded so that no split is empty."""
-    tiles = -(-N // (64 * tile.W)) * -(-M // (16 * tile.MB))
-    n_g = K // G
-    want = max(1, min(MAX_SPLIT_K, -(-tile.waves * sms // tiles), n_g))
-    per = -(-n_g // want)
-    return -(-n_g // per)
+def tile_split(M: int, N: int, K: int, G: int, tile: MmaTile, sms: int) -> int:
+    """Split K in whole groups toward tile.waves programs per SM (splitk.pick_split over this kernel's tiles)."""
+    return pick_split(-(-N // (64 * tile.W)) * -(-M // (16 * tile.MB)), K // G, tile.waves, sms)
 
 
 def register_a_operands(name: str, x: torch.Tensor, weight: QuantizedWeight, applies: bool, more: str):
@@ -331,7 +324,7 @@ def w4a16_gemm_mma(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor 
     if M == 0:
         return y
     _, sms = device_key(x.device)
-    split = split_k or pick_split(M, N, K, G, tile, sms)
+    split = split_k or tile_split(M, N, K, G, tile, sms)
     part = split_partials(split, y)
     b = bias if bias is not None else weight.scales
     grid = (-(-M // (16 * tile.MB)), -(-N // (64 * tile.W)), split)

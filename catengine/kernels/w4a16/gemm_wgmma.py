@@ -32,8 +32,8 @@ from ..common.aot import AotConfig
 from ..common.arch import cuda_device, device_key
 from ..common.int4_frag import permute_k
 from ..common.mma884 import cta_barrier
-from ..common.splitk import reduce_splits, split_partials
-from .gemm_mma import (MAX_SPLIT_K, dequant_rows_asm, mma_applies, pick_slot, register_a_operands, store_tile,
+from ..common.splitk import pick_split, reduce_splits, split_partials
+from .gemm_mma import (dequant_rows_asm, mma_applies, pick_slot, register_a_operands, store_tile,
                        tile_index)
 from .packing import QuantizedWeight
 
@@ -223,13 +223,9 @@ class WgmmaTile:
     waves: int = 2
 
 
-def pick_split(M: int, N: int, K: int, G: int, tile: WgmmaTile, sms: int) -> int:
-    """Split K (whole groups) toward tile.waves programs per SM, rounded so that no split is empty."""
-    tiles = -(-N // (64 * tile.R)) * -(-M // tile.BT)
-    n_g = K // G
-    want = max(1, min(MAX_SPLIT_K, -(-tile.waves * sms // tiles), n_g))
-    per = -(-n_g // want)
-    return -(-n_g // per)
+def tile_split(M: int, N: int, K: int, G: int, tile: WgmmaTile, sms: int) -> int:
+    """Split K in whole groups toward tile.waves programs per SM (splitk.pick_split over this kernel's tiles)."""
+    return pick_split(-(-N // (64 * tile.R)) * -(-M // tile.BT), K // G, tile.waves, sms)
 
 
 def wgmma_applies(x2: torch.Tensor, weight: QuantizedWeight) -> bool:
@@ -249,7 +245,7 @@ def w4a16_gemm_wgmma(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tenso
     if M == 0:
         return y
     _, sms = device_key(x.device)
-    split = split_k or pick_split(M, N, K, G, tile, sms)
+    split = split_k or tile_split(M, N, K, G, tile, sms)
     part = split_partials(split, y)
     b = bias if bias is not None else weight.scales
     grid = (-(-M // tile.BT), -(-N // (64 * tile.R)), split)

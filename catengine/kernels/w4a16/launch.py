@@ -56,9 +56,6 @@ class ArchTable:
     # (gemm_wgmma.py); ((max_m, WgmmaTile), ...) ascending
     wgmma: tuple = ()
 
-
-MAX_SPLIT_K = 32
-
 # The GEMV row: 64 columns x 512 inputs per tile, no prefetch, no pipelining, split toward 16 waves
 # (measured on the H200; sm_80 and sm_70 take it unmeasured, with M = 1 only, no PDL: griddepcontrol
 # needs sm_90). On sm_90 the last split of a tile reduces in-kernel: 91.7 against 95.3 us summed over
@@ -105,13 +102,6 @@ def split_counters(weight: QuantizedWeight, needed: int, size: int):
             return None
         buf = weight.split_counters = torch.zeros(max(size, needed), dtype=torch.int32, device=device)
     return buf if needed <= buf.numel() else None
-
-
-def pick_split(tiles: int, n_kb: int, waves: int, sms: int) -> int:
-    """Smallest split count giving about waves * SMs programs; rounded so no split is empty."""
-    want = max(1, min(-(-waves * sms // tiles), n_kb, MAX_SPLIT_K))
-    per = -(-n_kb // want)
-    return -(-n_kb // per)
 
 
 def gemv_tile_rows(bk: int, k: int, group: int) -> tuple[int, int]:

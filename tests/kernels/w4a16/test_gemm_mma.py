@@ -45,7 +45,8 @@ def test_gemm_mma_contract():
 
 
 def test_pick_split_fills_the_chip():
-    from catengine.kernels.w4a16.gemm_mma import MAX_SPLIT_K, MmaTile, pick_split
+    from catengine.kernels.common.splitk import MAX_SPLIT_K
+    from catengine.kernels.w4a16.gemm_mma import MmaTile, tile_split as pick_split
     t = MmaTile(1, 4, 4)
     # 27B o_proj at M = 8: 20 column tiles of 256 on 132 SMs -> toward 528 programs, 48 groups: 24 splits of 2
     assert pick_split(8, 5120, 6144, 128, t, 132) == 24

@@ -43,7 +43,8 @@ def test_gemm_wgmma_contract():
 
 
 def test_pick_split_fills_the_chip():
-    from catengine.kernels.w4a16.gemm_wgmma import MAX_SPLIT_K, WgmmaTile, pick_split
+    from catengine.kernels.common.splitk import MAX_SPLIT_K
+    from catengine.kernels.w4a16.gemm_wgmma import WgmmaTile, tile_split as pick_split
     t = WgmmaTile(2, 64, 2)
     # 27B down at M = 64: 40 column tiles of 128 on 132 SMs -> toward 264 programs, 136 groups: 7 splits of 20
     assert pick_split(64, 5120, 17408, 128, t, 132) == 7

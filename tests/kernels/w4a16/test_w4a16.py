@@ -21,6 +21,7 @@ import torch
 from catengine.errors import ConfigError, KernelContractError
 from catengine.kernels.common.arch import INTERPRETER_SMS
 from catengine.kernels.w4a16 import gemm as w4a16
+from catengine.kernels.common.splitk import pick_split
 from catengine.kernels.w4a16 import launch
 from catengine.kernels.w4a16 import naive as reference
 from catengine.kernels.w4a16.packing import QuantizedWeight, pack_int4_along_k
@@ -112,7 +113,7 @@ def test_rejects_what_it_cannot_run():
 def test_split_never_empty():
     for tiles in (1, 3, 40, 500):
         for n_kb in (1, 2, 3, 7, 136):
-            split = launch.pick_split(tiles, n_kb, 4, 132)
+            split = pick_split(tiles, n_kb, 4, 132)
             per = -(-n_kb // split)
             assert 1 <= split <= n_kb and per * (split - 1) < n_kb
 
@@ -151,7 +152,7 @@ def _fused_reduce_case(monkeypatch, m, k, n, m_rows, device, bias):
         assert rel_err(y, ref) < TOL[torch.float16]
         assert w.split_counters is not None and int(w.split_counters.abs().sum()) == 0
     tiles = -(-n // w4a16.TABLES["sm90"].gemv.BN)
-    assert launch.pick_split(tiles * -(-m // m_rows), k // 8 // launch.gemv_tile_rows(
+    assert pick_split(tiles * -(-m // m_rows), k // 8 // launch.gemv_tile_rows(
         w4a16.TABLES["sm90"].gemv.BK, k, 32)[0], 64, INTERPRETER_SMS if device == "cpu" else 132) > 1
 
 
