@@ -1,6 +1,7 @@
 """W4A16 at decode-sized M (2..64) on sm_80/90: the mma.sync kernel (kernels/w4a16/gemm_mma.py) and, on sm_90, the
-wgmma kernel (gemm_wgmma.py) against the path they replaced (the GEMV at M <= 2, the tl.dot GEMM above), cuBLAS fp16 on the dequantised weight, and the copy
-bandwidth (the hardware limit of a weight-bound GEMM), on the Qwen3.5-27B shapes.
+wgmma kernel (gemm_wgmma.py) against the path they replaced (the GEMV at M <= 2, the tl.dot GEMM above), cuBLAS
+fp16 on the dequantised weight, and the copy bandwidth (the hardware limit of a weight-bound GEMM), on the
+Qwen3.5-27B shapes.
 
     PYTHONPATH=. python3 bench/bench_w4a16_mma.py [--ms 2,4,8,16,32,48,64] [--sweep] [--wgmma-sweep]
         [--deadline EPOCH_SECONDS]
@@ -48,10 +49,10 @@ def sweep(ms, deadline, candidates=CANDIDATES, fn=w4a16_gemm_mma, name="gemm_mma
         for t in candidates:
             if isinstance(t, MmaTile) and t.MB > 1 and 16 * (t.MB // 2) >= m:      # more token blocks than rows
                 continue
+            if isinstance(t, WgmmaTile) and (t.BT >= 2 * m or 4 * t.BT <= m):    # tiles far from the rows
+                continue
             if time.time() > deadline:
                 rows.append([m, str(t), "skipped (deadline)"])
-                continue
-            if isinstance(t, WgmmaTile) and (t.BT >= 2 * m or 4 * t.BT <= m):    # tiles far from the rows
                 continue
             parts = [graph_ms(rotated(ws[(k, n)], lambda w, x=xs[k], t=t: fn(x, w, None, t)), reps=7)
                      for _, k, n in shapes]
