@@ -203,6 +203,14 @@ def fused_moe(x, w13, w2, topk_weights, topk_ids):
     return moe_naive.fused_moe(x, w13, w2, topk_weights, topk_ids)
 
 
+@_op(moe_naive.shared_expert_add)
+def shared_expert_add(routed, gate_logit, shared):
+    if use_triton(routed.device):
+        from .moe import shared as moe_shared
+        return moe_shared.shared_expert_add(routed, gate_logit, shared)
+    return moe_naive.shared_expert_add(routed, gate_logit, shared)
+
+
 # ---------------------------------------------------------------- sampling
 @_op(sampling_naive.sample_tokens)
 def sample_tokens(logits, temperature, top_k, top_p, min_p, seeds, steps):
@@ -228,7 +236,7 @@ def triton_ops() -> dict[str, Callable]:
     for tests that compare every op's signature with its twin's."""
     from .attention import kv_store, paged
     from .gdn import chunk, conv1d, recurrent
-    from .moe import fused, route
+    from .moe import fused, route, shared
     from .norm import norm_rope
     from .sampling import bitmask, sampler
     from .w4a16 import dequant
@@ -241,7 +249,8 @@ def triton_ops() -> dict[str, Callable]:
         "chunk_gated_delta_rule": chunk.chunk_gated_delta_rule,
         "recurrent_gated_delta_rule": recurrent.recurrent_gated_delta_rule, "w4a16_linear": dequant.w4a16_linear,
         "w8a16_linear": gemv.w8a16_linear,
-        "moe_route": route.moe_route, "fused_moe": fused.fused_moe, "sample_tokens": sampler.sample_tokens,
+        "moe_route": route.moe_route, "fused_moe": fused.fused_moe,
+        "shared_expert_add": shared.shared_expert_add, "sample_tokens": sampler.sample_tokens,
         "apply_token_bitmask": bitmask.apply_token_bitmask,
     }
 

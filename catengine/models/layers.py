@@ -198,8 +198,7 @@ class SparseMoE:
         weights, ids = ops.moe_route(logits[:, : self.num_experts], self.top_k, self.renormalize, self.expert_range)
         out = ops.fused_moe(x, self.w13, self.w2, weights, ids)
         if self.shared_expert is not None:
-            gate = torch.sigmoid(logits[:, self.num_experts:].float())
-            out = torch.addcmul(out, gate, self.shared_expert(x).float())
+            out = ops.shared_expert_add(out, logits[:, self.num_experts:], self.shared_expert(x))
         return out
 
 

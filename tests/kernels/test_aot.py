@@ -12,6 +12,7 @@ AOT_MODULES = (
     "catengine.kernels.w4a16.dequant",
     "catengine.kernels.moe.fused",
     "catengine.kernels.moe.route",
+    "catengine.kernels.moe.shared",
     "catengine.kernels.attention.paged",
     "catengine.kernels.attention.kv_store",
     "catengine.kernels.norm.norm_rope",

@@ -91,3 +91,9 @@ def align_tokens(topk_ids, num_experts: int, block: int):
     block_expert = torch.where(be < num_experts, be, -1).to(torch.int32)
     n_post = (blk_end[-1:] * block).to(torch.int32)
     return sorted_ids, block_expert, n_post
+
+
+def shared_expert_add(routed, gate_logit, shared):
+    """The MoE block's output: the routed sum plus the shared expert gated by the sigmoid of its logit, in fp32.
+    routed: [T, H] fp32 (fused_moe's), gate_logit: [T, 1] (any strides), shared: [T, H] -> [T, H] fp32."""
+    return torch.addcmul(routed, torch.sigmoid(gate_logit.float()), shared.float())
