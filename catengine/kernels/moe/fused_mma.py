@@ -155,7 +155,7 @@ _SIG = {"x_ptr": "*i32", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*fp16", "
         "UP": "constexpr", "DEPTH": "constexpr"}
 
 
-def aot_configs(cc: int, tiles=(MmaTile(1, 4), MmaTile(1, 2, 4, 2))) -> list[AotConfig]:
+def aot_configs(cc: int, tiles=(MmaTile(1, 4),)) -> list[AotConfig]:
     """Both passes of each tile at groups 128 and 32 (top_k 8); sm_80 and sm_90 only."""
     if cc < 80:
         return []

@@ -12,8 +12,7 @@ MMA column block), so M = 3..16 pads to 16 tokens, not to a 64-row tile. Nothing
 - rows: the lane's two MMA rows g and g+8 of row block b are the adjacent columns n = 8g + 2b and 8g + 2b + 1,
   so a lane reads 8 adjacent columns' codes (and scales, zeros) at each packed row: 64 columns per warp.
 - the codes of the next quantisation group (and its x) are loaded while this group's MMAs run (registers,
-  one group ahead; the weight two groups ahead with ``MmaTile.depth`` 2), and split K puts enough programs on
-  the chip.
+  one group ahead), and split K puts enough programs on the chip.
 
 Per lane and int32 of weights: a quarter of a 16-byte load, 3 shifts, 4 ``lop3``, 4 ``sub.f16x2``, 4
 ``mul.f16x2`` (the twin's ``(q - z) * s`` with one rounding, as int4_frag.dequant_frag), 2 MMAs per 16 tokens.
@@ -351,7 +350,7 @@ _SIG = {"x_ptr": "*i32", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*fp16", "
         "stride_ym": "i32", "n_split": "i32", "G": "constexpr", "MB": "constexpr", "W": "constexpr",
         "SPLIT": "constexpr",
         "HAS_BIAS": "constexpr", "DEPTH": "constexpr"}
-AOT_TILES = (MmaTile(1, 2), MmaTile(2, 1), MmaTile(1, 2, 4, 2))
+AOT_TILES = (MmaTile(1, 2), MmaTile(2, 1))
 
 
 def aot_configs(cc: int) -> list[AotConfig]:

@@ -12,10 +12,9 @@ columns, where mma.sync's register B fragments served 16.
 
 - rows: MMA row 64 b + 16 w + 8 h + g (rep b, warp w, half h, lane row g) is output column 2R (8 w + g) + 2 b + h of
   the tile, so a lane reads its 2R adjacent columns' codes, scales and zeros in one load per packed row.
-- pipeline: the next group's codes, scales, zeros and x (the weight two groups ahead with ``WgmmaTile.depth`` 2)
-  are loaded into registers while this group's wgmmas run (asynchronously, each group's KS = G / 32 of them
-  chained); x goes to the other of two shared buffers once it arrives, and one wait + barrier per group frees the
-  buffer this group read.
+- pipeline: the next group's codes, scales, zeros and x are loaded into registers while this group's wgmmas run
+  (asynchronously, each group's KS = G / 32 of them chained); x goes to the other of two shared buffers once it
+  arrives, and one wait + barrier per group frees the buffer this group read.
 Tensors of the A side are [4 w, R b, 8 g, 4 t, 2 j, 2 hi, 2 h, 2 e]: the fragment's logical k is 16 j + 8 hi + 2 t + e,
 its physical k within the 32 is 8 t + 2 j + hi + 4 e.
 """
@@ -260,7 +259,7 @@ _SIG = {"x_ptr": "*fp16", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*fp16", 
         "y_ptr": "*fp16", "part_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
         "stride_ym": "i32", "n_split": "i32", "G": "constexpr", "R": "constexpr", "BT": "constexpr",
         "SPLIT": "constexpr", "HAS_BIAS": "constexpr", "DEPTH": "constexpr"}
-AOT_TILES = (WgmmaTile(2, 32), WgmmaTile(1, 64), WgmmaTile(2, 32, 2, 2))
+AOT_TILES = (WgmmaTile(2, 32), WgmmaTile(1, 64))
 
 
 def aot_configs(cc: int) -> list[AotConfig]:
