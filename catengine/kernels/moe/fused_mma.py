@@ -33,7 +33,7 @@ from .route import align_tokens
 @gluon.jit
 def moe_gemm_mma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, sorted_ptr, bexp_ptr, npost_ptr, tw_ptr, out_ptr, TK, N, K,
                         stride_xm, A_DIV: gl.constexpr, G: gl.constexpr, MB: gl.constexpr, W: gl.constexpr,
-                        UP: gl.constexpr, DEPTH: gl.constexpr):
+                        UP: gl.constexpr):
     """UP: out[row, :N] = silu(a W_gate) * (a W_up) (fp16), W = [E, K // 8, 2N], a = x[row // A_DIV];
     else out[row] = topk_weight[row] * (a W) (fp32), W = [E, K // 8, N], a = x[row]. x_ptr: int32 view of a."""
     i_b, i_n = gl.program_id(0), gl.program_id(1)
@@ -78,7 +78,7 @@ def moe_gemm_mma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, sorted_ptr, bexp_ptr, npost
     m_x = (b_row < TK) & (o_xc >= 0)
     p_x = x_ptr + (b_row // A_DIV) * stride_xm + o_xc
 
-    acc = mainloop(p_q, p_x, s_ptr + o_sz, z_ptr + o_sz, m_q, m_x, m_s, NW, 0, K, G, MB, W, DEPTH)
+    acc = mainloop(p_q, p_x, s_ptr + o_sz, z_ptr + o_sz, m_q, m_x, m_s, NW, 0, K, G, MB, W)
 
     # accumulator [R, mb, g, t, s]: sorted position 16 mb + 8 (s // 4) + 2 t + s % 2
     aR, am, ag, at, a_s = acc_index(MB, W)
@@ -139,12 +139,11 @@ def fused_moe_mma(x, w13: QuantizedWeight, w2: QuantizedWeight, tw, ids, tile: M
     moe_gemm_mma_kernel[(grid_b, -(-inter // (32 * tile.W)))](
         x.view(torch.int32), w13.qweight, w13.scales, w13.zeros, sorted_ids, block_expert, n_post, tw, h, t * top_k,
         inter, hid, x.stride(0) // 2, A_DIV=top_k, G=w13.group_size, MB=tile.MB, W=tile.W, UP=True,
-        DEPTH=tile.depth, num_warps=tile.W)
+        num_warps=tile.W)
     y = torch.empty((t * top_k, hid), dtype=torch.float32, device=x.device)
     moe_gemm_mma_kernel[(grid_b, -(-hid // (64 * tile.W)))](
         h.view(torch.int32), w2.qweight, w2.scales, w2.zeros, sorted_ids, block_expert, n_post, tw, y, t * top_k,
-        hid, inter, inter // 2, A_DIV=1, G=w2.group_size, MB=tile.MB, W=tile.W, UP=False, DEPTH=tile.depth,
-        num_warps=tile.W)
+        hid, inter, inter // 2, A_DIV=1, G=w2.group_size, MB=tile.MB, W=tile.W, UP=False, num_warps=tile.W)
     combine_kernel[(t, -(-hid // REDUCE_BLOCK))](y, ids, out, hid, TOPK=top_k, BLOCK=REDUCE_BLOCK, num_warps=4)
     return out
 
@@ -152,7 +151,7 @@ def fused_moe_mma(x, w13: QuantizedWeight, w2: QuantizedWeight, tw, ids, tile: M
 _SIG = {"x_ptr": "*i32", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*fp16", "sorted_ptr": "*i32",
         "bexp_ptr": "*i32", "npost_ptr": "*i32", "tw_ptr": "*fp32", "out_ptr": "*fp16", "TK": "i32", "N": "i32",
         "K": "i32", "stride_xm": "i32", "A_DIV": "constexpr", "G": "constexpr", "MB": "constexpr", "W": "constexpr",
-        "UP": "constexpr", "DEPTH": "constexpr"}
+        "UP": "constexpr"}
 
 
 def aot_configs(cc: int, tiles=(MmaTile(1, 4),)) -> list[AotConfig]:
@@ -164,7 +163,7 @@ def aot_configs(cc: int, tiles=(MmaTile(1, 4),)) -> list[AotConfig]:
         for g in (128, 32):
             for up in (True, False):
                 out.append(AotConfig("moe_gemm_mma_kernel", {**_SIG, "out_ptr": "*fp16" if up else "*fp32"},
-                                     dict(A_DIV=8 if up else 1, G=g, MB=t.MB, W=t.W, UP=up, DEPTH=t.depth),
-                                     t.W, 1, f"moe mma MB{t.MB} W{t.W} depth{t.depth} g{g} {'up' if up else 'down'}",
+                                     dict(A_DIV=8 if up else 1, G=g, MB=t.MB, W=t.W, UP=up), t.W, 1,
+                                     f"moe mma MB{t.MB} W{t.W} g{g} {'up' if up else 'down'}",
                                      divisible_by_16=("N", "K", "stride_xm")))
     return out

@@ -172,36 +172,27 @@ def acc_index(MB: gl.constexpr, W: gl.constexpr):
 
 
 @gluon.jit
-def load_group(p_q, p_s, p_z, m_q, m_s, NW, k, k_end, G: gl.constexpr):
-    """One group's codes, scales and zeros at k (zeros past k_end: nothing read)."""
-    live = k < k_end
-    return (gl.load(p_q + (k // 8) * NW, mask=m_q & live, other=0),
-            gl.load(p_s + (k // G) * NW, mask=m_s & live, other=0.0),
-            gl.load(p_z + (k // G) * NW, mask=m_s & live, other=0.0))
-
-
-@gluon.jit
 def mainloop(p_q, p_x, p_s, p_z, m_q, m_x, m_s, NW, k_begin, k_end, G: gl.constexpr, MB: gl.constexpr,
-             W: gl.constexpr, DEPTH: gl.constexpr):
+             W: gl.constexpr):
     """The fragment tile's accumulators [4 W, MB, 8, 4, 8] over k in [k_begin, k_end) (whole groups): p_q codes of
     packed row 0 ([W, 8, 4, KS, 8], ``code_layout``; rows NW apart), p_s / p_z scales and zeros of group 0
-    ([W, 8, 4, 8]; groups NW apart), p_x the x pairs at k = 0 ([1, 2 MB, 8, 4, KS, 4] int32). The weight is loaded
-    DEPTH (1 or 2) groups ahead, x one group ahead (it comes from L2: every column tile reads it)."""
+    ([W, 8, 4, 8]; groups NW apart), p_x the x pairs at k = 0 ([1, 2 MB, 8, 4, KS, 4] int32)."""
     KS: gl.constexpr = G // 32
     acc = gl.zeros([4 * W, MB, 8, 4, 8], gl.float32, layout=frag_layout(W))
-    b_q, b_s, b_z = load_group(p_q, p_s, p_z, m_q, m_s, NW, k_begin, k_end, G)
-    if DEPTH == 2:
-        f_q, f_s, f_z = load_group(p_q, p_s, p_z, m_q, m_s, NW, k_begin + G, k_end, G)
-    b_x = gl.load(p_x + k_begin // 2, mask=m_x & (k_begin < k_end), other=0)
+    live = k_begin < k_end
+    b_q = gl.load(p_q + (k_begin // 8) * NW, mask=m_q & live, other=0)
+    b_x = gl.load(p_x + k_begin // 2, mask=m_x & live, other=0)
+    b_s = gl.load(p_s + (k_begin // G) * NW, mask=m_s & live, other=0.0)
+    b_z = gl.load(p_z + (k_begin // G) * NW, mask=m_s & live, other=0.0)
     for k0 in range(k_begin, k_end, G):
         c_q, c_x, c_s, c_z = b_q, b_x, b_s, b_z
-        # the next groups' loads are in flight while this group's MMAs run
-        if DEPTH == 2:
-            b_q, b_s, b_z = f_q, f_s, f_z
-            f_q, f_s, f_z = load_group(p_q, p_s, p_z, m_q, m_s, NW, k0 + 2 * G, k_end, G)
-        else:
-            b_q, b_s, b_z = load_group(p_q, p_s, p_z, m_q, m_s, NW, k0 + G, k_end, G)
-        b_x = gl.load(p_x + (k0 + G) // 2, mask=m_x & (k0 + G < k_end), other=0)
+        # the next group's loads are in flight while this group's MMAs run
+        k1 = k0 + G
+        nxt = k1 < k_end
+        b_q = gl.load(p_q + (k1 // 8) * NW, mask=m_q & nxt, other=0)
+        b_x = gl.load(p_x + k1 // 2, mask=m_x & nxt, other=0)
+        b_s = gl.load(p_s + (k1 // G) * NW, mask=m_s & nxt, other=0.0)
+        b_z = gl.load(p_z + (k1 // G) * NW, mask=m_s & nxt, other=0.0)
         # [4W, 8, 4] per row half: 1024 + zero (the magic's offset folded in) and the scale
         z_lo, z_hi = _split_rows(c_z + 1024.0, W)
         s_lo, s_hi = _split_rows(c_s, W)
@@ -240,7 +231,7 @@ def store_tile(acc, o_ym, o_yn, y_ptr, part_ptr, bias_ptr, M, N, stride_ym, i_s,
 @gluon.jit
 def w4a16_gemm_mma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_ptr, M, N, K, stride_xm, stride_ym,
                           n_split, G: gl.constexpr, MB: gl.constexpr, W: gl.constexpr, SPLIT: gl.constexpr,
-                          HAS_BIAS: gl.constexpr, DEPTH: gl.constexpr):
+                          HAS_BIAS: gl.constexpr):
     """x_ptr: int32 view of x [M, K // 2] (stride_xm in int32); y [M, N] fp16, or (SPLIT) fp32 partials
     [n_split, M, N]. The split count is a run-time value: a new split does not compile a new kernel."""
     # token tiles of one column tile run side by side (grid dim 0): the weight tile comes from DRAM once
@@ -269,7 +260,7 @@ def w4a16_gemm_mma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_ptr
     m_x = (o_xm < M) & (o_xc >= 0)
     p_x = x_ptr + o_xm * stride_xm + o_xc
 
-    acc = mainloop(p_q, p_x, s_ptr + o_sn, z_ptr + o_sn, m_q, m_x, m_s, N, k_begin, k_end, G, MB, W, DEPTH)
+    acc = mainloop(p_q, p_x, s_ptr + o_sn, z_ptr + o_sn, m_q, m_x, m_s, N, k_begin, k_end, G, MB, W)
 
     # accumulator [R, mb, g, t, s]: column 64 (R // 4) + 8 g + 2 (R % 4) + (s % 4) // 2,
     # token 16 mb + 8 (s // 4) + 2 t + s % 2
@@ -282,12 +273,10 @@ def w4a16_gemm_mma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_ptr
 # ---------------------------------------------------------------- launcher
 @dataclass(frozen=True)
 class MmaTile:
-    """MB token blocks of 16 per program, W warps (64 columns each), split K toward ``waves`` programs per SM, the
-    weight loaded ``depth`` (1 or 2) groups ahead."""
+    """MB token blocks of 16 per program, W warps (64 columns each), split K toward ``waves`` programs per SM."""
     MB: int = 1
     W: int = 4
     waves: int = 4
-    depth: int = 1
 
 
 def pick_mma_tile(rows: tuple, n: int) -> MmaTile | None:
@@ -341,7 +330,7 @@ def w4a16_gemm_mma(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor 
     grid = (-(-M // (16 * tile.MB)), -(-N // (64 * tile.W)), split)
     w4a16_gemm_mma_kernel[grid](x.view(torch.int32), weight.qweight, weight.scales, weight.zeros, b, y, part, M, N,
                                 K, x.stride(0) // 2, y.stride(0), split, G=G, MB=tile.MB, W=tile.W, SPLIT=split > 1,
-                                HAS_BIAS=bias is not None, DEPTH=tile.depth, num_warps=tile.W)
+                                HAS_BIAS=bias is not None, num_warps=tile.W)
     return reduce_splits(part, bias, y, split)
 
 
@@ -349,7 +338,7 @@ _SIG = {"x_ptr": "*i32", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*fp16", "
         "y_ptr": "*fp16", "part_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
         "stride_ym": "i32", "n_split": "i32", "G": "constexpr", "MB": "constexpr", "W": "constexpr",
         "SPLIT": "constexpr",
-        "HAS_BIAS": "constexpr", "DEPTH": "constexpr"}
+        "HAS_BIAS": "constexpr"}
 AOT_TILES = (MmaTile(1, 2), MmaTile(2, 1))
 
 
@@ -362,8 +351,7 @@ def aot_configs(cc: int) -> list[AotConfig]:
         for g in (128, 32):
             for split in (1, 4):
                 out.append(AotConfig("w4a16_gemm_mma_kernel", dict(_SIG),
-                                     dict(G=g, MB=t.MB, W=t.W, SPLIT=split > 1, HAS_BIAS=split == 1,
-                                          DEPTH=t.depth), t.W, 1,
-                                     f"w4a16 mma MB{t.MB} W{t.W} depth{t.depth} g{g} split{split}",
+                                     dict(G=g, MB=t.MB, W=t.W, SPLIT=split > 1, HAS_BIAS=split == 1), t.W, 1,
+                                     f"w4a16 mma MB{t.MB} W{t.W} g{g} split{split}",
                                      divisible_by_16=("N", "K", "stride_xm", "stride_ym")))
     return out

@@ -33,7 +33,7 @@ from ..common.arch import cuda_device, device_key
 from ..common.int4_frag import permute_k
 from ..common.mma884 import cta_barrier
 from ..common.splitk import pick_split, reduce_splits, split_partials
-from .gemm_mma import (dequant_rows_asm, load_group, mma_applies, pick_slot, register_a_operands, store_tile,
+from .gemm_mma import (dequant_rows_asm, mma_applies, pick_slot, register_a_operands, store_tile,
                        tile_index)
 from .packing import QuantizedWeight
 
@@ -141,7 +141,7 @@ def store_x(x_smem, buf, xv, BT: gl.constexpr, KS: gl.constexpr):
 @gluon.jit
 def w4a16_gemm_wgmma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_ptr, M, N, K, stride_xm, stride_ym,
                             n_split, G: gl.constexpr, R: gl.constexpr, BT: gl.constexpr, SPLIT: gl.constexpr,
-                            HAS_BIAS: gl.constexpr, DEPTH: gl.constexpr):
+                            HAS_BIAS: gl.constexpr):
     """x [M, K] fp16 (stride_xm); y [M, N] fp16, or (SPLIT) fp32 partials [n_split, M, N]. One warpgroup per program:
     64 R columns x BT tokens x one K split. The split count is a run-time value."""
     i_m, i_n, i_s = gl.program_id(0), gl.program_id(1), gl.program_id(2)
@@ -174,23 +174,24 @@ def w4a16_gemm_wgmma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_p
 
     x_smem = gl.allocate_shared_memory(gl.float16, [2, KS * BT, 32], x_smem_layout())
     acc = gl.zeros([64 * R, BT], gl.float32, layout=acc_layout(BT))
-    b_q, b_s, b_z = load_group(p_q, p_s, p_z, m_q, m_s, N, k_begin, k_end, G)
-    if DEPTH == 2:
-        f_q, f_s, f_z = load_group(p_q, p_s, p_z, m_q, m_s, N, k_begin + G, k_end, G)
-    b_x = gl.load(p_x + k_begin, mask=m_x & (k_begin < k_end), other=0.0)
+    live = k_begin < k_end
+    b_q = gl.load(p_q + (k_begin // 8) * N, mask=m_q & live, other=0)
+    b_s = gl.load(p_s + (k_begin // G) * N, mask=m_s & live, other=0.0)
+    b_z = gl.load(p_z + (k_begin // G) * N, mask=m_s & live, other=0.0)
+    b_x = gl.load(p_x + k_begin, mask=m_x & live, other=0.0)
     store_x(x_smem, 0, x_steps(b_x, BT, KS), BT, KS)
     fence_async_shared()
     cta_barrier()
     buf = 0
     for k0 in range(k_begin, k_end, G):
         c_q, c_s, c_z = b_q, b_s, b_z
-        # the next groups' loads are in flight while this group's wgmmas run (the weight DEPTH groups ahead)
-        if DEPTH == 2:
-            b_q, b_s, b_z = f_q, f_s, f_z
-            f_q, f_s, f_z = load_group(p_q, p_s, p_z, m_q, m_s, N, k0 + 2 * G, k_end, G)
-        else:
-            b_q, b_s, b_z = load_group(p_q, p_s, p_z, m_q, m_s, N, k0 + G, k_end, G)
-        b_x = gl.load(p_x + k0 + G, mask=m_x & (k0 + G < k_end), other=0.0)
+        # the next group's loads are in flight while this group's wgmmas run
+        k1 = k0 + G
+        nxt = k1 < k_end
+        b_q = gl.load(p_q + (k1 // 8) * N, mask=m_q & nxt, other=0)
+        b_s = gl.load(p_s + (k1 // G) * N, mask=m_s & nxt, other=0.0)
+        b_z = gl.load(p_z + (k1 // G) * N, mask=m_s & nxt, other=0.0)
+        b_x = gl.load(p_x + k1, mask=m_x & nxt, other=0.0)
         c_q = gl.permute(c_q, [0, 1, 2, 4, 3])                             # [4, 8, 4, 2 R, KS]
         c_z = c_z + 1024.0
         for ks in gl.static_range(KS):
@@ -216,11 +217,10 @@ def w4a16_gemm_wgmma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_p
 @dataclass(frozen=True)
 class WgmmaTile:
     """R m64 blocks per program (64 R columns), BT tokens per program (wgmma's N), split K toward ``waves`` programs
-    per SM, the weight loaded ``depth`` (1 or 2) groups ahead."""
+    per SM."""
     R: int = 2
     BT: int = 32
     waves: int = 2
-    depth: int = 1
 
 
 def tile_split(M: int, N: int, K: int, G: int, tile: WgmmaTile, sms: int) -> int:
@@ -251,14 +251,14 @@ def w4a16_gemm_wgmma(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tenso
     grid = (-(-M // tile.BT), -(-N // (64 * tile.R)), split)
     w4a16_gemm_wgmma_kernel[grid](x, weight.qweight, weight.scales, weight.zeros, b, y, part, M, N, K, x.stride(0),
                                   y.stride(0), split, G=G, R=tile.R, BT=tile.BT, SPLIT=split > 1,
-                                  HAS_BIAS=bias is not None, DEPTH=tile.depth, num_warps=4)
+                                  HAS_BIAS=bias is not None, num_warps=4)
     return reduce_splits(part, bias, y, split)
 
 
 _SIG = {"x_ptr": "*fp16", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*fp16", "bias_ptr": "*fp16",
         "y_ptr": "*fp16", "part_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
         "stride_ym": "i32", "n_split": "i32", "G": "constexpr", "R": "constexpr", "BT": "constexpr",
-        "SPLIT": "constexpr", "HAS_BIAS": "constexpr", "DEPTH": "constexpr"}
+        "SPLIT": "constexpr", "HAS_BIAS": "constexpr"}
 AOT_TILES = (WgmmaTile(2, 32), WgmmaTile(1, 64))
 
 
@@ -271,8 +271,7 @@ def aot_configs(cc: int) -> list[AotConfig]:
         for g in (128, 32):
             for split in (1, 4):
                 out.append(AotConfig("w4a16_gemm_wgmma_kernel", dict(_SIG),
-                                     dict(G=g, R=t.R, BT=t.BT, SPLIT=split > 1, HAS_BIAS=split == 1,
-                                          DEPTH=t.depth), 4, 1,
-                                     f"w4a16 wgmma R{t.R} BT{t.BT} depth{t.depth} g{g} split{split}",
+                                     dict(G=g, R=t.R, BT=t.BT, SPLIT=split > 1, HAS_BIAS=split == 1), 4, 1,
+                                     f"w4a16 wgmma R{t.R} BT{t.BT} g{g} split{split}",
                                      divisible_by_16=("N", "K", "stride_xm", "stride_ym")))
     return out

@@ -79,14 +79,11 @@ def test_rows_take_mma_between_gemv_and_bound(monkeypatch):
 @pytest.mark.parametrize("group", [32, 64, 128])
 @pytest.mark.parametrize("m,k,n,split,tile", [(3, 256, 200, 1, (1, 4)), (8, 512, 328, None, (1, 4)),
                                               (16, 384, 256, 2, (1, 2)), (17, 256, 136, None, (2, 4)),
-                                              (40, 512, 520, 4, (2, 4)), (64, 384, 1024, None, (4, 2)),
-                                              # the weight two groups ahead: splits of one group, odd group counts
-                                              (5, 384, 200, 2, (1, 2, 4, 2)), (12, 512, 328, None, (1, 4, 4, 2)),
-                                              (24, 256, 136, 1, (2, 1, 4, 2))],
+                                              (40, 512, 520, 4, (2, 4)), (64, 384, 1024, None, (4, 2))],
                          ids=lambda v: str(v))
 def test_gpu_gemm_mma_matches_twin(group, m, k, n, split, tile):
     """M not a multiple of 16, N not a multiple of a tile (200, 328, 136, 520), explicit and picked split K, token
-    blocks 1-4, 2 and 4 warps, the weight one and two groups ahead. A wrong pairing of codes and x, row map or group is an O(1) error here."""
+    blocks 1-4, 2 and 4 warps. A wrong pairing of codes and x, row map or group is an O(1) error here."""
     from catengine.kernels.w4a16.gemm_mma import MmaTile, w4a16_gemm_mma
     w = make_qweight(k, n, group, torch.float16, device="cuda", seed=group + m)
     gen = torch.Generator(device="cuda").manual_seed(m)
