@@ -63,9 +63,9 @@ def test_module_compiles(module, cc):
             assert r["shared"] <= SM70_SHARED_LIMIT, f"{r} needs more shared memory than a V100 block has"
             assert not r["forbidden"], f"{r} emits instructions sm_70 lacks"
             assert r["sass_hmma884"] in (None, r["mma884"]), r
-            # read off the cubin's ELF (aot.cubin_resources); spills are bench/aot_table.py's to report (under Triton
-            # 3.9 gemm884's 128 x 128 tile keeps a 40-byte stack frame at 255 registers)
-            assert 0 < r["registers"] <= 255 and r["stack"] is not None, r
+        # read off the cubin's ELF (aot.cubin_resources); spills are bench/aot_table.py's to report (under Triton
+        # 3.9 gemm884's 128 x 128 tile keeps a 40-byte stack frame at 255 registers)
+        assert 0 < r["registers"] <= 255 and r["stack"] is not None, r
         # every Gluon kernel is a tensor-core kernel: its products must reach m8n8k4 (sm_70 modules) or m16n8k16
         # or wgmma (the sm_80+ ones), not FMA
         assert not r["gluon"] or r["mma884"] or r["mma16816"] or r["wgmma"], f"{r}: a Gluon kernel without MMA in its PTX"

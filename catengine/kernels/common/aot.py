@@ -101,9 +101,10 @@ def disassemble(cubin: bytes, cc: int) -> str | None:
 
 def cubin_resources(cubin: bytes, kernel: str) -> dict:
     """{'registers', 'stack'} of ``kernel`` read from its cubin's ELF, for any architecture and without a
-    disassembler (Triton 3.9's cuobjdump refuses sm_70): the register count is the top byte of the ``.text.<kernel>``
-    section's sh_info (what ``cuobjdump -res-usage`` prints as REG), the stack frame in bytes per thread (spills
-    included; STACK there) the EIATTR_FRAME_SIZE attribute of .nv.info. None where the cubin lacks one."""
+    disassembler (Triton 3.9's cuobjdump refuses sm_70): the register count (what ``cuobjdump -res-usage`` prints as
+    REG) is the EIATTR_REGCOUNT attribute of .nv.info, else the top byte of the ``.text.<kernel>`` section's sh_info
+    (sm_70/80 cubins carry both; sm_90 ones leave that byte 0), the stack frame in bytes per thread (spills included;
+    STACK there) the EIATTR_FRAME_SIZE attribute. None where the cubin lacks one."""
     if cubin[:4] != b"\x7fELF" or cubin[4] != 2:
         raise ValueError("not a 64-bit ELF cubin")
     shoff, = struct.unpack_from("<Q", cubin, 0x28)
@@ -141,10 +142,10 @@ def cubin_resources(cubin: bytes, kernel: str) -> dict:
             else:          # EIFMT_NVAL / HVAL: the 2 bytes were the value
                 payload = None
                 pos += 4
-            if attr == 0x11 and payload and len(payload) == 8:   # EIATTR_FRAME_SIZE: (symbol, bytes)
+            if attr in (0x11, 0x2F) and payload and len(payload) == 8:   # EIATTR_FRAME_SIZE / REGCOUNT: (symbol, n)
                 sym, val = struct.unpack("<II", payload)
                 if sname != ".nv.info" or sym == sym_index:
-                    out["stack"] = val
+                    out["stack" if attr == 0x11 else "registers"] = val
     return out
 
 
