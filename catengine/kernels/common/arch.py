@@ -101,10 +101,16 @@ def cuda_device(device) -> bool:
     return RECORD_ONLY_CPU or torch.device(device).type == "cuda"
 
 
+def pdl_supported(device) -> bool:
+    """Whether kernels on ``device`` may use grid dependency control (programmatic dependent launch): the sm_90
+    row on CUDA, not the interpreter (inline PTX)."""
+    return not INTERPRET and torch.device(device).type == "cuda" and arch_of(device) >= 90
+
+
 def bf16_supported(device) -> bool:
     """Whether the row of ``device`` has bf16 (sm_70 has none: a V100, or any GPU under CATENGINE_ARCH=70)."""
     return arch_of(device) >= 80
 
 
 __all__ = ["ARCHES", "ARCH_OVERRIDE", "REFERENCE_SMS", "arch_from_cc", "arch_of", "arch_key", "bf16_supported",
-           "cuda_device", "device_cc", "device_key", "forced_arch", "INTERPRETER_SMS", "INTERPRET"]
+           "cuda_device", "device_cc", "device_key", "forced_arch", "INTERPRETER_SMS", "INTERPRET", "pdl_supported"]

@@ -8,13 +8,17 @@ import torch
 import triton
 import triton.language as tl
 
+from .arch import pdl_supported
+
 REDUCE_BLOCK = 1024     # output columns per reduce program
 MAX_SPLIT_K = 32        # splits of one tile at most (sm_80/90 kernels; gemm_sm70 keeps its own bound)
 
 
 @triton.jit
 def splitk_reduce_kernel(part_ptr, bias_ptr, y_ptr, M, N, stride_ym, SPLIT_K: tl.constexpr,
-                         BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr):
+                         BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr, TRIGGER: tl.constexpr = False):
+    if TRIGGER:
+        tl.extra.cuda.gdc_launch_dependents()
     i_m, i_b = tl.program_id(0), tl.program_id(1)
     o_n = i_b * BLOCK + tl.arange(0, BLOCK)
     m_n = o_n < N
@@ -46,5 +50,5 @@ def reduce_splits(part: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor
         m, n = y.shape
         splitk_reduce_kernel[(m, triton.cdiv(n, REDUCE_BLOCK))](
             part, bias if bias is not None else y, y, m, n, y.stride(0), SPLIT_K=split, BLOCK=REDUCE_BLOCK,
-            HAS_BIAS=bias is not None)
+            HAS_BIAS=bias is not None, TRIGGER=pdl_supported(y.device))
     return y

@@ -78,7 +78,7 @@ def moe_gemm_mma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, sorted_ptr, bexp_ptr, npost
     m_x = (b_row < TK) & (o_xc >= 0)
     p_x = x_ptr + (b_row // A_DIV) * stride_xm + o_xc
 
-    acc = mainloop(p_q, p_x, s_ptr + o_sz, z_ptr + o_sz, m_q, m_x, m_s, NW, 0, K, G, MB, W)
+    acc = mainloop(p_q, p_x, s_ptr + o_sz, z_ptr + o_sz, m_q, m_x, m_s, NW, 0, K, G, MB, W, False)
 
     # accumulator [R, mb, g, t, s]: sorted position 16 mb + 8 (s // 4) + 2 t + s % 2
     aR, am, ag, at, a_s = acc_index(MB, W)

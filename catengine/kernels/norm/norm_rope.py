@@ -16,7 +16,7 @@ import triton.language as tl
 
 from ...errors import ConfigError, KernelContractError
 from ..common.aot import AotConfig
-from ..common.arch import arch_from_cc, arch_of
+from ..common.arch import arch_from_cc, arch_of, pdl_supported
 
 MAX_HIDDEN = 65536  # rms_norm keeps one row in registers
 
@@ -48,7 +48,10 @@ def _launch(device, op: str) -> RowLaunch:
 
 @triton.jit
 def _rms_norm_kernel(x, residual, weight, y, s_out, T, H, eps, stride_x, stride_r, stride_y, stride_s,
-                     BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, HAS_RES: tl.constexpr):
+                     BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, HAS_RES: tl.constexpr,
+                     TRIGGER: tl.constexpr = False):
+    if TRIGGER:
+        tl.extra.cuda.gdc_launch_dependents()
     o_t = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     o_h = tl.arange(0, BLOCK_H)
     m_h = o_h < H
@@ -93,13 +96,15 @@ def rms_norm_with(x, weight, eps: float, residual=None, cfg: RowLaunch | None = 
         _rms_norm_kernel[(triton.cdiv(t, cfg.block_r),)](
             x, r, weight, y, s, t, h, eps, x.stride(0), r.stride(0), y.stride(0), s.stride(0),
             BLOCK_R=cfg.block_r, BLOCK_H=triton.next_power_of_2(h), HAS_RES=residual is not None,
-            num_warps=cfg.num_warps)
+            TRIGGER=pdl_supported(x.device), num_warps=cfg.num_warps)
     return y if residual is None else (y, s)
 
 
 @triton.jit
 def _gated_rms_norm_kernel(x, z, weight, y, R, HV, DV, eps, stride_xt, stride_xh, stride_zt, stride_zh,
-                           BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+                           BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, TRIGGER: tl.constexpr = False):
+    if TRIGGER:
+        tl.extra.cuda.gdc_launch_dependents()
     o_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     o_d = tl.arange(0, BLOCK_D)
     m_r = o_r < R
@@ -133,12 +138,15 @@ def gated_rms_norm(x, z, weight, eps: float):
         cfg = _launch(x.device, "gated")
         _gated_rms_norm_kernel[(triton.cdiv(t * hv, cfg.block_r),)](
             x, z, weight, y, t * hv, hv, dv, eps, x.stride(0), x.stride(1), z.stride(0), z.stride(1),
-            BLOCK_R=cfg.block_r, BLOCK_D=triton.next_power_of_2(dv), num_warps=cfg.num_warps)
+            BLOCK_R=cfg.block_r, BLOCK_D=triton.next_power_of_2(dv), TRIGGER=pdl_supported(x.device),
+            num_warps=cfg.num_warps)
     return y
 
 
 @triton.jit
-def _silu_mul_kernel(x, y, INTER, stride_x, stride_y, BLOCK: tl.constexpr):
+def _silu_mul_kernel(x, y, INTER, stride_x, stride_y, BLOCK: tl.constexpr, TRIGGER: tl.constexpr = False):
+    if TRIGGER:
+        tl.extra.cuda.gdc_launch_dependents()
     i_t = tl.program_id(0).to(tl.int64)
     o_i = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m_i = o_i < INTER
@@ -158,7 +166,8 @@ def silu_mul(x):
     if t:
         cfg = _launch(x.device, "silu_mul")
         _silu_mul_kernel[(t, triton.cdiv(inter, cfg.block))](x, y, inter, x.stride(0), y.stride(0),
-                                                             BLOCK=cfg.block, num_warps=cfg.num_warps)
+                                                             BLOCK=cfg.block, TRIGGER=pdl_supported(x.device),
+                                                             num_warps=cfg.num_warps)
     return y
 
 
@@ -250,6 +259,7 @@ def aot_configs(cc: int) -> list[AotConfig]:
     arch = arch_from_cc(cc)
     tab = TABLE[arch]
     a = "fp16" if arch == 70 else "bf16"
+    trigger = arch >= 90    # the ops before a GEMM let a PDL launch of it start (griddepcontrol: sm_90)
     out = []
     # with the residual add: x is a mixer's output (model dtype) or the MoE block's unrounded fp32
     # output; the residual stream is fp32 for fp16 models (catengine.models.layers.residual_dtype)
@@ -259,20 +269,22 @@ def aot_configs(cc: int) -> list[AotConfig]:
         for res, xd, rd in variants:
             sig = {"x": f"*{xd}", "residual": f"*{rd}", "weight": f"*{a}", "y": f"*{a}", "s_out": f"*{rd}",
                    "T": "i32", "H": "i32", "eps": "fp32", "stride_x": "i32", "stride_r": "i32", "stride_y": "i32",
-                   "stride_s": "i32", "BLOCK_R": "constexpr", "BLOCK_H": "constexpr", "HAS_RES": "constexpr"}
+                   "stride_s": "i32", "BLOCK_R": "constexpr", "BLOCK_H": "constexpr", "HAS_RES": "constexpr",
+                   "TRIGGER": "constexpr"}
             c = tab["rms_norm"]
             name = f"rms_norm {block_h} res {res}" + (f" x {xd} stream {rd}" if res else "")
-            out.append(AotConfig("_rms_norm_kernel", sig, dict(BLOCK_R=c.block_r, BLOCK_H=block_h, HAS_RES=res),
-                                 c.num_warps, 1, name))
+            out.append(AotConfig("_rms_norm_kernel", sig, dict(BLOCK_R=c.block_r, BLOCK_H=block_h, HAS_RES=res,
+                                                               TRIGGER=trigger), c.num_warps, 1, name))
     g = tab["gated"]
     sig = {"x": f"*{a}", "z": f"*{a}", "weight": f"*{a}", "y": f"*{a}", "R": "i32", "HV": "i32", "DV": "i32",
            "eps": "fp32", "stride_xt": "i32", "stride_xh": "i32", "stride_zt": "i32", "stride_zh": "i32",
-           "BLOCK_R": "constexpr", "BLOCK_D": "constexpr"}
-    out.append(AotConfig("_gated_rms_norm_kernel", sig, dict(BLOCK_R=g.block_r, BLOCK_D=128), g.num_warps, 1,
-                         "gated_rms_norm dv128"))
+           "BLOCK_R": "constexpr", "BLOCK_D": "constexpr", "TRIGGER": "constexpr"}
+    out.append(AotConfig("_gated_rms_norm_kernel", sig, dict(BLOCK_R=g.block_r, BLOCK_D=128, TRIGGER=trigger),
+                         g.num_warps, 1, "gated_rms_norm dv128"))
     s = tab["silu_mul"]
-    sig = {"x": f"*{a}", "y": f"*{a}", "INTER": "i32", "stride_x": "i32", "stride_y": "i32", "BLOCK": "constexpr"}
-    out.append(AotConfig("_silu_mul_kernel", sig, dict(BLOCK=s.block), s.num_warps, 1, "silu_mul"))
+    sig = {"x": f"*{a}", "y": f"*{a}", "INTER": "i32", "stride_x": "i32", "stride_y": "i32", "BLOCK": "constexpr",
+           "TRIGGER": "constexpr"}
+    out.append(AotConfig("_silu_mul_kernel", sig, dict(BLOCK=s.block, TRIGGER=trigger), s.num_warps, 1, "silu_mul"))
     qk = tab["qk"]
     sig = {"q": f"*{a}", "k": f"*{a}", "q_out": f"*{a}", "k_out": f"*{a}", "q_weight": f"*{a}",
            "k_weight": f"*{a}", "cos_sin": "*fp32", "positions": "*i64"}

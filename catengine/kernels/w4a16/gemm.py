@@ -291,7 +291,8 @@ def aot_configs(cc: int) -> list[AotConfig]:
                                      c.num_warps, c.num_stages, f"gemm m<={max_m} {dt} g{g}"))
         reduce_sig = {"part_ptr": "*fp32", "bias_ptr": f"*{dt}", "y_ptr": f"*{dt}", "M": "i32",
                       "N": "i32", "stride_ym": "i32", "SPLIT_K": "constexpr", "BLOCK": "constexpr",
-                      "HAS_BIAS": "constexpr"}
+                      "HAS_BIAS": "constexpr", "TRIGGER": "constexpr"}
         out.append(AotConfig("splitk_reduce_kernel", reduce_sig,
-                             dict(SPLIT_K=4, BLOCK=REDUCE_BLOCK, HAS_BIAS=True), 4, 1, f"reduce {dt}"))
+                             dict(SPLIT_K=4, BLOCK=REDUCE_BLOCK, HAS_BIAS=True, TRIGGER=cc >= 90), 4, 1,
+                             f"reduce {dt}"))
     return out

@@ -29,7 +29,8 @@ from triton.experimental.gluon import language as gl
 
 from ...errors import KernelContractError
 from ..common.aot import AotConfig
-from ..common.arch import cuda_device, device_key
+from ..common.arch import cuda_device, device_key, pdl_supported
+from ..common.gdc import gdc_launch_dependents, gdc_wait
 from ..common.int4_frag import PAIR_K_ASM, PAIR_K_CONSTRAINTS
 from ..common.splitk import pick_split, reduce_splits, split_partials
 from .packing import QuantizedWeight
@@ -173,17 +174,20 @@ def acc_index(MB: gl.constexpr, W: gl.constexpr):
 
 @gluon.jit
 def mainloop(p_q, p_x, p_s, p_z, m_q, m_x, m_s, NW, k_begin, k_end, G: gl.constexpr, MB: gl.constexpr,
-             W: gl.constexpr):
+             W: gl.constexpr, PDL: gl.constexpr):
     """The fragment tile's accumulators [4 W, MB, 8, 4, 8] over k in [k_begin, k_end) (whole groups): p_q codes of
     packed row 0 ([W, 8, 4, KS, 8], ``code_layout``; rows NW apart), p_s / p_z scales and zeros of group 0
-    ([W, 8, 4, 8]; groups NW apart), p_x the x pairs at k = 0 ([1, 2 MB, 8, 4, KS, 4] int32)."""
+    ([W, 8, 4, 8]; groups NW apart), p_x the x pairs at k = 0 ([1, 2 MB, 8, 4, KS, 4] int32). PDL: the first
+    group's weights are requested before the wait for the kernel before (common/gdc.py), x after it."""
     KS: gl.constexpr = G // 32
     acc = gl.zeros([4 * W, MB, 8, 4, 8], gl.float32, layout=frag_layout(W))
     live = k_begin < k_end
     b_q = gl.load(p_q + (k_begin // 8) * NW, mask=m_q & live, other=0)
-    b_x = gl.load(p_x + k_begin // 2, mask=m_x & live, other=0)
     b_s = gl.load(p_s + (k_begin // G) * NW, mask=m_s & live, other=0.0)
     b_z = gl.load(p_z + (k_begin // G) * NW, mask=m_s & live, other=0.0)
+    if PDL:
+        gdc_wait()
+    b_x = gl.load(p_x + k_begin // 2, mask=m_x & live, other=0)
     for k0 in range(k_begin, k_end, G):
         c_q, c_x, c_s, c_z = b_q, b_x, b_s, b_z
         # the next group's loads are in flight while this group's MMAs run
@@ -231,9 +235,13 @@ def store_tile(acc, o_ym, o_yn, y_ptr, part_ptr, bias_ptr, M, N, stride_ym, i_s,
 @gluon.jit
 def w4a16_gemm_mma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_ptr, M, N, K, stride_xm, stride_ym,
                           n_split, G: gl.constexpr, MB: gl.constexpr, W: gl.constexpr, SPLIT: gl.constexpr,
-                          HAS_BIAS: gl.constexpr):
+                          HAS_BIAS: gl.constexpr, PDL: gl.constexpr):
     """x_ptr: int32 view of x [M, K // 2] (stride_xm in int32); y [M, N] fp16, or (SPLIT) fp32 partials
-    [n_split, M, N]. The split count is a run-time value: a new split does not compile a new kernel."""
+    [n_split, M, N]. The split count is a run-time value: a new split does not compile a new kernel. PDL (sm_90,
+    launched with launch_pdl): a programmatic dependent launch that fetches its first group of weights while the
+    kernel before runs out."""
+    if PDL:
+        gdc_launch_dependents()
     # token tiles of one column tile run side by side (grid dim 0): the weight tile comes from DRAM once
     i_m, i_n, i_s = gl.program_id(0), gl.program_id(1), gl.program_id(2)
     KS: gl.constexpr = G // 32
@@ -260,7 +268,7 @@ def w4a16_gemm_mma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_ptr
     m_x = (o_xm < M) & (o_xc >= 0)
     p_x = x_ptr + o_xm * stride_xm + o_xc
 
-    acc = mainloop(p_q, p_x, s_ptr + o_sn, z_ptr + o_sn, m_q, m_x, m_s, N, k_begin, k_end, G, MB, W)
+    acc = mainloop(p_q, p_x, s_ptr + o_sn, z_ptr + o_sn, m_q, m_x, m_s, N, k_begin, k_end, G, MB, W, PDL)
 
     # accumulator [R, mb, g, t, s]: column 64 (R // 4) + 8 g + 2 (R % 4) + (s % 4) // 2,
     # token 16 mb + 8 (s // 4) + 2 t + s % 2
@@ -273,10 +281,12 @@ def w4a16_gemm_mma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_ptr
 # ---------------------------------------------------------------- launcher
 @dataclass(frozen=True)
 class MmaTile:
-    """MB token blocks of 16 per program, W warps (64 columns each), split K toward ``waves`` programs per SM."""
+    """MB token blocks of 16 per program, W warps (64 columns each), split K toward ``waves`` programs per SM;
+    ``pdl``: a programmatic dependent launch (sm_90; the MoE kernels ignore it)."""
     MB: int = 1
     W: int = 4
     waves: int = 4
+    pdl: bool = False
 
 
 def pick_mma_tile(rows: tuple, n: int) -> MmaTile | None:
@@ -328,18 +338,24 @@ def w4a16_gemm_mma(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor 
     part = split_partials(split, y)
     b = bias if bias is not None else weight.scales
     grid = (-(-M // (16 * tile.MB)), -(-N // (64 * tile.W)), split)
+    pdl = tile.pdl and pdl_supported(x.device)
     w4a16_gemm_mma_kernel[grid](x.view(torch.int32), weight.qweight, weight.scales, weight.zeros, b, y, part, M, N,
                                 K, x.stride(0) // 2, y.stride(0), split, G=G, MB=tile.MB, W=tile.W, SPLIT=split > 1,
-                                HAS_BIAS=bias is not None, num_warps=tile.W)
+                                HAS_BIAS=bias is not None, PDL=pdl, num_warps=tile.W,
+                                **({"launch_pdl": True} if pdl else {}))
     return reduce_splits(part, bias, y, split)
 
 
 _SIG = {"x_ptr": "*i32", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*fp16", "bias_ptr": "*fp16",
         "y_ptr": "*fp16", "part_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
         "stride_ym": "i32", "n_split": "i32", "G": "constexpr", "MB": "constexpr", "W": "constexpr",
-        "SPLIT": "constexpr",
-        "HAS_BIAS": "constexpr"}
-AOT_TILES = (MmaTile(1, 2), MmaTile(2, 1))
+        "SPLIT": "constexpr", "HAS_BIAS": "constexpr", "PDL": "constexpr"}
+AOT_TILES = (MmaTile(1, 2), MmaTile(2, 1), MmaTile(1, 2, pdl=True))
+
+
+def aot_tiles(cc: int) -> tuple:
+    """AOT_TILES without the PDL ones below sm_90 (griddepcontrol)."""
+    return tuple(t for t in AOT_TILES if cc >= 90 or not t.pdl) if cc >= 80 else ()
 
 
 def aot_configs(cc: int) -> list[AotConfig]:
@@ -347,11 +363,12 @@ def aot_configs(cc: int) -> list[AotConfig]:
     if cc < 80:
         return []
     out = []
-    for t in AOT_TILES:
+    for t in aot_tiles(cc):
         for g in (128, 32):
             for split in (1, 4):
                 out.append(AotConfig("w4a16_gemm_mma_kernel", dict(_SIG),
-                                     dict(G=g, MB=t.MB, W=t.W, SPLIT=split > 1, HAS_BIAS=split == 1), t.W, 1,
-                                     f"w4a16 mma MB{t.MB} W{t.W} g{g} split{split}",
+                                     dict(G=g, MB=t.MB, W=t.W, SPLIT=split > 1, HAS_BIAS=split == 1,
+                                          PDL=t.pdl), t.W, 1,
+                                     f"w4a16 mma MB{t.MB} W{t.W}{' pdl' if t.pdl else ''} g{g} split{split}",
                                      divisible_by_16=("N", "K", "stride_xm", "stride_ym")))
     return out

@@ -29,7 +29,8 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from ...errors import KernelContractError
 from ..common.aot import AotConfig
-from ..common.arch import cuda_device, device_key
+from ..common.arch import cuda_device, device_key, pdl_supported
+from ..common.gdc import gdc_launch_dependents, gdc_wait
 from ..common.int4_frag import permute_k
 from ..common.mma884 import cta_barrier
 from ..common.splitk import pick_split, reduce_splits, split_partials
@@ -141,9 +142,12 @@ def store_x(x_smem, buf, xv, BT: gl.constexpr, KS: gl.constexpr):
 @gluon.jit
 def w4a16_gemm_wgmma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_ptr, M, N, K, stride_xm, stride_ym,
                             n_split, G: gl.constexpr, R: gl.constexpr, BT: gl.constexpr, SPLIT: gl.constexpr,
-                            HAS_BIAS: gl.constexpr):
+                            HAS_BIAS: gl.constexpr, PDL: gl.constexpr):
     """x [M, K] fp16 (stride_xm); y [M, N] fp16, or (SPLIT) fp32 partials [n_split, M, N]. One warpgroup per program:
-    64 R columns x BT tokens x one K split. The split count is a run-time value."""
+    64 R columns x BT tokens x one K split. The split count is a run-time value. PDL: as gemm_mma's (the first
+    group's weights requested before the wait, x after it)."""
+    if PDL:
+        gdc_launch_dependents()
     i_m, i_n, i_s = gl.program_id(0), gl.program_id(1), gl.program_id(2)
     KS: gl.constexpr = G // 32
     LQ: gl.constexpr = code_layout(R, KS)
@@ -178,6 +182,8 @@ def w4a16_gemm_wgmma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_p
     b_q = gl.load(p_q + (k_begin // 8) * N, mask=m_q & live, other=0)
     b_s = gl.load(p_s + (k_begin // G) * N, mask=m_s & live, other=0.0)
     b_z = gl.load(p_z + (k_begin // G) * N, mask=m_s & live, other=0.0)
+    if PDL:
+        gdc_wait()
     b_x = gl.load(p_x + k_begin, mask=m_x & live, other=0.0)
     store_x(x_smem, 0, x_steps(b_x, BT, KS), BT, KS)
     fence_async_shared()
@@ -217,10 +223,11 @@ def w4a16_gemm_wgmma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_p
 @dataclass(frozen=True)
 class WgmmaTile:
     """R m64 blocks per program (64 R columns), BT tokens per program (wgmma's N), split K toward ``waves`` programs
-    per SM."""
+    per SM; ``pdl``: a programmatic dependent launch."""
     R: int = 2
     BT: int = 32
     waves: int = 2
+    pdl: bool = False
 
 
 def tile_split(M: int, N: int, K: int, G: int, tile: WgmmaTile, sms: int) -> int:
@@ -249,17 +256,19 @@ def w4a16_gemm_wgmma(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tenso
     part = split_partials(split, y)
     b = bias if bias is not None else weight.scales
     grid = (-(-M // tile.BT), -(-N // (64 * tile.R)), split)
+    pdl = tile.pdl and pdl_supported(x.device)
     w4a16_gemm_wgmma_kernel[grid](x, weight.qweight, weight.scales, weight.zeros, b, y, part, M, N, K, x.stride(0),
                                   y.stride(0), split, G=G, R=tile.R, BT=tile.BT, SPLIT=split > 1,
-                                  HAS_BIAS=bias is not None, num_warps=4)
+                                  HAS_BIAS=bias is not None, PDL=pdl, num_warps=4,
+                                  **({"launch_pdl": True} if pdl else {}))
     return reduce_splits(part, bias, y, split)
 
 
 _SIG = {"x_ptr": "*fp16", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*fp16", "bias_ptr": "*fp16",
         "y_ptr": "*fp16", "part_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
         "stride_ym": "i32", "n_split": "i32", "G": "constexpr", "R": "constexpr", "BT": "constexpr",
-        "SPLIT": "constexpr", "HAS_BIAS": "constexpr"}
-AOT_TILES = (WgmmaTile(2, 32), WgmmaTile(1, 64))
+        "SPLIT": "constexpr", "HAS_BIAS": "constexpr", "PDL": "constexpr"}
+AOT_TILES = (WgmmaTile(2, 32), WgmmaTile(1, 64), WgmmaTile(2, 32, pdl=True))
 
 
 def aot_configs(cc: int) -> list[AotConfig]:
@@ -271,7 +280,7 @@ def aot_configs(cc: int) -> list[AotConfig]:
         for g in (128, 32):
             for split in (1, 4):
                 out.append(AotConfig("w4a16_gemm_wgmma_kernel", dict(_SIG),
-                                     dict(G=g, R=t.R, BT=t.BT, SPLIT=split > 1, HAS_BIAS=split == 1), 4, 1,
-                                     f"w4a16 wgmma R{t.R} BT{t.BT} g{g} split{split}",
+                                     dict(G=g, R=t.R, BT=t.BT, SPLIT=split > 1, HAS_BIAS=split == 1, PDL=t.pdl), 4,
+                                     1, f"w4a16 wgmma R{t.R} BT{t.BT}{' pdl' if t.pdl else ''} g{g} split{split}",
                                      divisible_by_16=("N", "K", "stride_xm", "stride_ym")))
     return out

@@ -66,6 +66,9 @@ class ArchTable:
 # sequences) was timed after that sweep, by hand, against the candidates its M = 32 bucket now lists: BM 32
 # with split toward 8 waves beat BM 64, BM 16, BN 128 and 4 stages at M = 24 and 32 (lost at 48), and the
 # four 27B shapes at M = 32 went from 243 to 198 us in bench_gemm.py's table (gate_up 112 -> 89 us).
+# sm_90's mma and wgmma tiles are PDL launches, and the ops before them (norms, silu_mul, the split-K reduce) let
+# them start (kernels/common/gdc.py): a chain of the GEMMs alone gained nothing (within 2%), the decode step of
+# the 8-layer models with the triggers 0.3-3% (bench/NOTES.md, session 15).
 # sm_70 takes HMMA.884 from 2 rows: its tl.dot GEMM is FMA there and spills, projected (CPU dry run, bench/NOTES.md)
 # at 312 us for 5120 x 17408 at M = 2-6 against 55-57 us on HMMA.884 (the M = 1 GEMV: 55 us).
 TABLES = {
@@ -86,7 +89,8 @@ TABLES = {
         (64, GemmConfig(64, 64, 128, 4, 3, waves=4)),
         (256, GemmConfig(128, 128, 64, 8, 3)),
         (1 << 30, GemmConfig(256, 128, 64, 8, 4)),
-    ), mma=((16, MmaTile(1, 2, 4)),), wgmma=((32, WgmmaTile(2, 32, 2)), (64, WgmmaTile(1, 64, 2)))),
+    ), mma=((16, MmaTile(1, 2, 4, pdl=True)),),
+        wgmma=((32, WgmmaTile(2, 32, 2, pdl=True)), (64, WgmmaTile(1, 64, 2, pdl=True)))),
 }
 
 

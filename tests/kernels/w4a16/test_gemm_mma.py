@@ -18,10 +18,12 @@ MODULE = "catengine.kernels.w4a16.gemm_mma"
 
 @pytest.mark.parametrize("cc", [80, 90])
 def test_gemm_mma_compiles_without_shared_memory(cc):
-    from catengine.kernels.w4a16.gemm_mma import AOT_TILES
+    """Every tile (the PDL one on sm_90 only: griddepcontrol) without shared memory or stack."""
+    from catengine.kernels.w4a16.gemm_mma import AOT_TILES, aot_tiles
     results = compile_module(MODULE, cc)
     gemms = [r for r in results if r["kernel"] == "w4a16_gemm_mma_kernel"]
-    assert len(gemms) == 4 * len(AOT_TILES)
+    assert len(aot_tiles(cc)) == len(AOT_TILES) - (cc < 90) and len(gemms) == 4 * len(aot_tiles(cc))
+    assert any(" pdl " in r["name"] for r in gemms) == (cc >= 90)
     for r in gemms:
         assert r["gluon"] and r["shared"] == 0 and not r["stack"], r
         assert r["mma16816"], r

@@ -253,19 +253,22 @@ def test_gpu_gemv_loops(monkeypatch, k, n, stages, prefetch, half2):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 2, 16])
+@pytest.mark.parametrize("m", [1, 2, 8, 16, 32, 64])
 @pytest.mark.parametrize("pdl", [False, True])
 def test_gpu_dependent_chain(monkeypatch, m, pdl):
     """Four linears, each reading the previous one's output, eager and replayed from a CUDA graph.
-    With PDL each GEMV launch (M <= 2) starts while the one before runs out and fetches weights
-    ahead; it must still wait for that output (griddepcontrol.wait) before reading x or writing y.
-    M = 16 takes the GEMM, which follows a PDL GEMV or a GEMM in the usual way. The bound is four
-    times a single linear's: each layer adds its own output rounding and its input's error passes
-    through (the weights keep the size of h), so the relative errors add over the four layers."""
+    With PDL each launch (the GEMV at M <= 2, the mma.sync kernel at 3-16 rows, wgmma at 17-64) starts while
+    the one before runs out and fetches weights ahead; it must still wait for that output (griddepcontrol.wait)
+    before reading x or writing y. The bound is four times a single linear's: each layer adds its own output
+    rounding and its input's error passes through (the weights keep the size of h), so the relative errors
+    add over the four layers."""
     if w4a16.device_key(torch.device("cuda"))[0] != "sm90":
         pytest.skip("programmatic dependent launch needs sm_90 (the only table row that uses it)")
     tab = w4a16.TABLES["sm90"]
-    monkeypatch.setitem(w4a16.TABLES, "sm90", dataclasses.replace(tab, gemv=dataclasses.replace(tab.gemv, pdl=pdl)))
+    monkeypatch.setitem(w4a16.TABLES, "sm90", dataclasses.replace(
+        tab, gemv=dataclasses.replace(tab.gemv, pdl=pdl),
+        mma=tuple((b, dataclasses.replace(t, pdl=pdl)) for b, t in tab.mma),
+        wgmma=tuple((b, dataclasses.replace(t, pdl=pdl)) for b, t in tab.wgmma)))
     k = 4096
     ws = [make_qweight(k, k, 128, torch.float16, device="cuda", seed=i) for i in range(4)]
     x = torch.randn(m, k, device="cuda", dtype=torch.float16)
@@ -287,3 +290,55 @@ def test_gpu_dependent_chain(monkeypatch, m, pdl):
         graph.replay()
         torch.cuda.synchronize()
         assert rel_err(out, chain(x, reference.w4a16_linear)) < 4 * TOL[torch.float16]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 8, 32])
+def test_gpu_pdl_mlp_block_is_bitwise_the_same(monkeypatch, m):
+    """An MLP block as the model runs it (add + RMSNorm, gate_up, SiLU-mul, down with split K, add + RMSNorm),
+    replayed from a CUDA graph, with every PDL launch and every trigger of the ops before them (norm, silu_mul,
+    the split-K reduce) on and then all off: PDL only moves when programs start, so the outputs are equal bit for
+    bit, over replays whose inputs change between them."""
+    from catengine.kernels.common import splitk
+    from catengine.kernels.norm import norm_rope
+    if w4a16.device_key(torch.device("cuda"))[0] != "sm90":
+        pytest.skip("programmatic dependent launch needs sm_90 (the only table row that uses it)")
+    tab = w4a16.TABLES["sm90"]
+    h, inter = 2048, 5632
+    gen = torch.Generator(device="cuda").manual_seed(m)
+    w_gu = make_qweight(h, 2 * inter, 128, torch.float16, device="cuda", seed=1)
+    w_dn = make_qweight(inter, h, 128, torch.float16, device="cuda", seed=2)
+    norm_w = torch.randn(h, generator=gen, device="cuda").half() * 0.1
+    x = torch.randn(m, h, generator=gen, device="cuda").half()
+    res = torch.randn(m, h, generator=gen, device="cuda")
+
+    def block():
+        y, s = norm_rope.rms_norm(x, norm_w, 1e-6, residual=res)
+        d = w4a16.fused_w4a16_linear(norm_rope.silu_mul(w4a16.fused_w4a16_linear(y, w_gu)), w_dn)
+        return norm_rope.rms_norm(d, norm_w, 1e-6, residual=s)
+
+    outs = {}
+    for pdl in (True, False):
+        monkeypatch.setitem(w4a16.TABLES, "sm90", dataclasses.replace(
+            tab, gemv=dataclasses.replace(tab.gemv, pdl=pdl),
+            mma=tuple((b, dataclasses.replace(t, pdl=pdl)) for b, t in tab.mma),
+            wgmma=tuple((b, dataclasses.replace(t, pdl=pdl)) for b, t in tab.wgmma)))
+        monkeypatch.setattr(norm_rope, "pdl_supported", lambda d, on=pdl: on)
+        monkeypatch.setattr(splitk, "pdl_supported", lambda d, on=pdl: on)
+        block()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = block()
+        outs[pdl] = []
+        for i in range(3):
+            g = torch.Generator(device="cuda").manual_seed(100 + i)
+            x.copy_(torch.randn(m, h, generator=g, device="cuda").half())
+            res.copy_(torch.randn(m, h, generator=g, device="cuda"))
+            graph.replay()
+            torch.cuda.synchronize()
+            outs[pdl].append(tuple(t.clone() for t in out))
+        del graph
+    for a, b in zip(outs[True], outs[False]):
+        assert all(torch.equal(u, v) for u, v in zip(a, b))
+    assert not torch.equal(outs[True][0][0], outs[True][1][0])   # the replays saw new inputs
