@@ -13,7 +13,7 @@
 ``--sweep`` also times other launch tables end to end (to choose the per-architecture table; never
 at serve time), and ``--profile CASE`` prints per-kernel times of ours and fla on one prefill case.
 
-Usage: python bench/bench_gdn.py [--only prefill|decode|conv|sweep|sweep-prefill] [--sweep S] [--no-fla]
+Usage: python bench/bench_gdn.py [--only prefill|decode|conv|sweep|sweep-prefill|sweep-decode] [--sweep S] [--no-fla]
 """
 from __future__ import annotations
 
@@ -133,11 +133,11 @@ def rotations(nbytes: int) -> int:
     return max(2, -(-(256 << 20) // max(nbytes, 1)))
 
 
-def decode_ms(b, table=None):
-    state_bytes = 2 * b * HV * DK * DV * 4
+def decode_ms(b, table=None, state_dtype=torch.float32):
+    state_bytes = 2 * b * HV * DK * DV * torch.finfo(state_dtype).bits // 8
     rot = rotations(state_bytes)
     q, k, v, g, beta, _, qsl, _, has = gdn_inputs([1] * b, seed=b)
-    ssm = torch.randn(rot * b, HV, DK, DV, device="cuda") * 0.1
+    ssm = (torch.randn(rot * b, HV, DK, DV, device="cuda") * 0.1).to(state_dtype)
     sets = [torch.randperm(b, device="cuda").to(torch.int32) + r * b for r in range(rot)]
     return graph_ms([lambda s=s: rec.recurrent_gated_delta_rule_with(q, k, v, g, beta, ssm, qsl, s, has, 0.088, True,
                                                                      None, table)
@@ -145,15 +145,36 @@ def decode_ms(b, table=None):
 
 
 def bench_decode():
+    """fp32 and fp16 states (fp16: the engine's default for fp16 models, ``--mamba-ssm-cache-dtype auto``)."""
     copy = copy_bandwidth_gbs()
     rows = []
-    for b in (1, 8, 64, 256):
-        ms, state_bytes = decode_ms(b)
-        io_bytes = b * (2 * HK * DK + 2 * HV * DV) * 2 + b * HV * 8
-        gbs = (state_bytes + io_bytes) / (ms * 1e-3) / 1e9
-        rows.append([b, ms * 1e3, state_bytes / 2**20, gbs, 100 * gbs / copy])
+    for dt in (torch.float32, torch.float16):
+        for b in (1, 8, 32, 64, 256):
+            ms, state_bytes = decode_ms(b, state_dtype=dt)
+            io_bytes = b * (2 * HK * DK + 2 * HV * DV) * 2 + b * HV * 8
+            gbs = (state_bytes + io_bytes) / (ms * 1e-3) / 1e9
+            rows.append([str(dt).split(".")[1], b, ms * 1e3, state_bytes / 2**20, gbs, 100 * gbs / copy])
     print_table(f"Decode: recurrent gated delta rule, CUDA graph (copy bandwidth {copy:.0f} GB/s)",
-                ["batch", "us", "state MiB r+w", "GB/s", "% of copy"], rows)
+                ["state", "batch", "us", "state MiB r+w", "GB/s", "% of copy"], rows)
+
+
+def sweep_decode(budget_s: float):
+    """The recurrent kernel's (BV, warps) around the table's, fp16 state (the engine's default), batch 8-64."""
+    t_end = time.time() + budget_s
+    base = gdn_table.device_table(torch.device("cuda"))
+    copy = copy_bandwidth_gbs()
+    rows = []
+    for b in (8, 32, 64):
+        for bv, nw in ((base.rec_bv, base.rec_warps), (64, 2), (32, 2), (32, 4), (64, 8), (128, 4), (128, 8), (16, 1),
+                       (32, 1)):
+            if time.time() > t_end:
+                break
+            tab = dataclasses.replace(base, rec_bv=bv, rec_warps=nw)
+            ms, state_bytes = decode_ms(b, tab, torch.float16)
+            rows.append([b, f"BV={bv} warps={nw}", ms * 1e3, 100 * state_bytes / (ms * 1e-3) / 1e9 / copy])
+            print(rows[-1], flush=True)
+    print_table(f"Decode sweep, fp16 state (us; state bytes r+w over copy bandwidth {copy:.0f} GB/s)",
+                ["batch", "variant", "us", "% of copy"], rows)
 
 
 def conv_inputs(lens, seed=0):
@@ -319,7 +340,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sweep", type=float, default=0.0, help="seconds to spend timing other launch tables")
     ap.add_argument("--no-fla", action="store_true")
-    ap.add_argument("--only", choices=["prefill", "decode", "conv", "sweep", "sweep-prefill"], default=None)
+    ap.add_argument("--only", choices=["prefill", "decode", "conv", "sweep", "sweep-prefill", "sweep-decode"],
+                    default=None)
     ap.add_argument("--profile", choices=list(PREFILL), default=None,
                     help="per-kernel times of ours and fla on this prefill case")
     args = ap.parse_args()
@@ -334,6 +356,8 @@ def main():
         profile_prefill(args.profile)
     if args.only == "sweep-prefill":
         sweep_prefill(time.time() + (args.sweep or 120.0))
+    elif args.only == "sweep-decode":
+        sweep_decode(args.sweep or 60.0)
     elif args.sweep > 0 or args.only == "sweep":
         sweep(args.sweep or 60.0)
 

@@ -131,7 +131,8 @@ def recurrent_gated_delta_rule_with(q, k, v, g, beta, ssm_states, qsl, state_slo
     if t == 0 or nb == 0:
         return o
     cfg = table or device_table(v.device)
-    bk, bv = pad(dk), min(cfg.rec_bv, pad(dv))
+    rec_bv, rec_warps = cfg.rec_launch(ssm_states.dtype)
+    bk, bv = pad(dk), min(rec_bv, pad(dv))
     has_inter = inter is not None
     inter_arg = inter if has_inter else state_slots
     gdn_recurrent_kernel[(nb * hv * triton.cdiv(dv, bv),)](
@@ -139,7 +140,7 @@ def recurrent_gated_delta_rule_with(q, k, v, g, beta, ssm_states, qsl, state_slo
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
         o.stride(0), o.stride(1), ssm_states.stride(0), inter.stride(0) if has_inter else 0,
         K=dk, V=dv, BK=bk, BV=bv, USE_L2NORM=bool(use_qk_l2norm), HAS_INTER=has_inter,
-        num_warps=cfg.rec_warps, num_stages=1)
+        num_warps=rec_warps, num_stages=1)
     return o
 
 
@@ -158,6 +159,7 @@ def aot_configs(cc: int) -> list[AotConfig]:
         aot_config(gdn_recurrent_kernel, ptrs, dict(AOT_DIMS, BV=c.rec_bv, HAS_INTER=inter), c.rec_warps, 1,
                    f"recurrent{'_inter' if inter else ''}_{dt}") for inter in (False, True)] + [
         # 16-bit state slots (mamba_ssm_cache_dtype): the decode kernel that reads and writes them every token
-        aot_config(gdn_recurrent_kernel, {**ptrs, "ssm": f"*{sdt}"}, dict(AOT_DIMS, BV=c.rec_bv, HAS_INTER=False),
-                   c.rec_warps, 1, f"recurrent_{dt}_state_{sdt}")
+        aot_config(gdn_recurrent_kernel, {**ptrs, "ssm": f"*{sdt}"},
+                   dict(AOT_DIMS, BV=c.rec_launch(torch.float16)[0], HAS_INTER=False), c.rec_launch(torch.float16)[1],
+                   1, f"recurrent_{dt}_state_{sdt}")
         for sdt in ("fp16",) + (("bf16",) if cc >= 80 else ())]

@@ -52,6 +52,10 @@ class GDNTable:
     overlap_min_window: int = 16
     overlap_wy: bool = True     # with windows: WY beside the serial kernel (else all of it first)
     overlap_o: bool = True      # split, with windows: the output beside the serial kernel (else all last)
+    # the recurrent kernel's (BV, warps) on 16-bit state slots (mamba_ssm_cache_dtype fp16 / bf16: half the bytes
+    # per tile); None: rec_bv / rec_warps
+    rec16_bv: int | None = None
+    rec16_warps: int | None = None
     # split: the output stage on the tensor cores' m8n8k4 (chunk_o_sm70, Gluon) for fp16 on CUDA, instead of
     # the tl.dot kernel (FMA on sm_70 from Triton 3.3 on)
     o_hmma: bool = False
@@ -62,6 +66,12 @@ class GDNTable:
     # WY: its products as slices of this many k (chunk_wy._dot_k), 0 = whole. sm_70's tl.dot is FMA, whose lowering
     # holds a thread's operand rows and columns over the whole k in registers: the whole-k build spilled (below)
     wy_ks: int = 0
+
+    def rec_launch(self, state_dtype: torch.dtype) -> tuple[int, int]:
+        """The recurrent kernel's (BV, warps) for state slots of ``state_dtype``."""
+        if state_dtype != torch.float32 and self.rec16_bv is not None:
+            return self.rec16_bv, self.rec16_warps
+        return self.rec_bv, self.rec_warps
 
 
 TABLE = {
@@ -99,7 +109,9 @@ TABLE = {
     # 515); WY 8 warps 1.23 / 8.88 / 4.44; h 3 stages alone 0.84 / 5.87 / 2.92, o 4 warps alone 0.93 /
     # 6.16 / 2.82, so the row takes both. 2026-11-30: h 1 stage hit an illegal address (Triton
     # 3.6). Scan (the fall-back): windows 7.98 vs 8.71 without at 64K, 8 warps (9.14 at 4), 2 stages;
-    # its BV 32 / 4 warps is wrong on the H200 (2.0 relative). Decode BV 64 / 4 warps. sm_80 copies it
+    # its BV 32 / 4 warps is wrong on the H200 (2.0 relative). Decode BV 64 / 4 warps; on 16-bit states (the
+    # fp16 default) BV 32 / 1 warp: 13.3 / 47.9 / 91.7 us at batch 8 / 32 / 64 against 15.3 / 57.2 / 108 (H100,
+    # session 15, bench_gdn.py --only sweep-decode: 63-73% of copy bandwidth against 55-62%). sm_80 copies it
     # unmeasured (no A100 here). Later, with the serial kernel's state as two 64-row blocks: this row
     # 0.805 / 5.57 / 2.82; h 2 stages 0.926 / 6.13 / 2.83, h BV 32 0.841 / 6.08 / 3.04, h 8 warps 0.867 /
     # 6.18 / 3.04 (bench_gdn.py --only sweep-prefill times these fields).
@@ -107,7 +119,7 @@ TABLE = {
                  scan_bv=64, scan_warps=8, scan_stages=2, rec_bv=64, rec_warps=4,
                  overlap_max_programs=4096, overlap_min_chunks=256, scan_overlap_max_programs=108),
     90: GDNTable(wy_warps=4, wy_dot="tf32", h_bv=64, h_warps=4, h_stages=3, o_bv=128, o_warps=4, o_stages=2,
-                 scan_bv=64, scan_warps=8, scan_stages=2, rec_bv=64, rec_warps=4,
+                 scan_bv=64, scan_warps=8, scan_stages=2, rec_bv=64, rec_warps=4, rec16_bv=32, rec16_warps=1,
                  overlap_max_programs=4096, overlap_min_chunks=256, scan_overlap_max_programs=132),
 }
 

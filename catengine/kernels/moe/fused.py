@@ -79,8 +79,14 @@ TABLES = {
         (16, GemmConfig(16, 64, 64, 4, 4)),
         (64, GemmConfig(64, 128, 64, 4, 3)),
         (1 << 30, GemmConfig(128, 128, 64, 8, 3)),
-    ), _DECODE, decode_pdl=1, mma=((2048, MmaTile(1, 2)),)),
+    ), _DECODE, decode_pdl=1, mma=((2048, MmaTile(1, 4)),)),
 }
+
+
+# sm_90's mma tile: 4 warps (256 columns a program) against 2 at 5 / 8 / 16 / 32 / 64 tokens of the 35B-A3B's experts:
+# 50.5 / 62.8 / 101 / 135 / 177 us against 53.8 / 67.8 / 103 / 148 / 179 (H100, session 15, fused_moe_mma timed alone
+# in graphs of 16 calls; 1 warp and 32-token blocks were slower from 8 tokens on; bench/NOTES.md). sm_80 keeps 2
+# warps, unmeasured.
 
 
 def _dense_bk(bk: int, k: int) -> int:

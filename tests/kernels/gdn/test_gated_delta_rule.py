@@ -281,6 +281,29 @@ def test_recurrent_gpu_real_shape():
     assert not math.isnan(o.float().sum().item())
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("state_dtype", [torch.float16, torch.bfloat16])
+def test_recurrent_gpu_real_shape_16bit_state(state_dtype):
+    """The engine's default decode (16-bit state slots, the sm_90 row's rec16 launch: BV 32, one warp) at the
+    27B's heads, decode plus verification rows, against the twin; bounds as in the state-dtype tests below (one
+    storage ulp on the state) and the bf16 output flips above."""
+    gen = torch.Generator().manual_seed(4)
+    lens = [1] * 61 + [4, 4, 3]
+    q, k, v, g, beta, ssm, qsl, slots, has = _case(lens, 16, 3, 128, 128, torch.bfloat16, gen, device="cuda",
+                                                   num_slots=300, has_p=0.9)
+    ssm = ssm.to(state_dtype)
+    inter = torch.full((len(lens), 4), -1, dtype=torch.int32)
+    inter[61:] = torch.arange(100, 112, dtype=torch.int32).view(3, 4)
+    inter = inter.cuda()
+    ssm_ref = ssm.clone()
+    o_ref = ref.recurrent_gated_delta_rule(q, k, v, g, beta, ssm_ref, qsl, slots, has, 0.088,
+                                           intermediate_state_slots=inter)
+    o = recurrent_gated_delta_rule(q, k, v, g, beta, ssm, qsl, slots, has, 0.088, intermediate_state_slots=inter)
+    assert _rel(o, o_ref) < 4e-3 and _rel(ssm.float(), ssm_ref.float()) < {torch.float16: 5e-4,
+                                                                          torch.bfloat16: 4e-3}[state_dtype]
+    assert not math.isnan(o.float().sum().item())
+
+
 # ---------------------------------------------------------------- state dtype (mamba_ssm_cache_dtype)
 # The kernels load a 16-bit slot to fp32, compute in fp32 and round once when they store; the twins do the
 # same (S.float() ... S.to(ssm.dtype)). So kernel and twin see the same rounded initial state and differ
