@@ -263,31 +263,10 @@ def test_chunk_gpu_small_head_dims(dk, dtype, prefill):
     _gpu_chunk_check([300, 77, 5, 1, 130], seed=5, prefill=prefill, hk=2, r=2, dk=dk, dv=dk, dtype=dtype)
 
 
-@pytest.mark.gpu
-def test_recurrent_gpu_real_shape():
-    gen = torch.Generator().manual_seed(3)
-    lens = [1] * 61 + [4, 4, 3]  # decode plus speculative verification of up to 4 tokens
-    q, k, v, g, beta, ssm, qsl, slots, has = _case(lens, 16, 3, 128, 128, torch.bfloat16, gen, device="cuda",
-                                                   num_slots=300, has_p=0.9)
-    inter = torch.full((len(lens), 4), -1, dtype=torch.int32)
-    inter[61:] = torch.arange(100, 112, dtype=torch.int32).view(3, 4)
-    inter = inter.cuda()
-    ssm_ref = ssm.clone()
-    o_ref = ref.recurrent_gated_delta_rule(q, k, v, g, beta, ssm_ref, qsl, slots, has, 0.088,
-                                           intermediate_state_slots=inter)
-    o = recurrent_gated_delta_rule(q, k, v, g, beta, ssm, qsl, slots, has, 0.088, intermediate_state_slots=inter)
-    # same fp32 math on the same bf16 inputs: outputs differ by bf16 rounding flips (<= 1 ulp, 3.9e-3)
-    assert _rel(o, o_ref) < 4e-3 and _rel(ssm, ssm_ref) < 1e-5
-    assert not math.isnan(o.float().sum().item())
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("state_dtype", [torch.float16, torch.bfloat16])
-def test_recurrent_gpu_real_shape_16bit_state(state_dtype):
-    """The engine's default decode (16-bit state slots, the sm_90 row's rec16 launch: BV 32, one warp) at the
-    27B's heads, decode plus verification rows, against the twin; bounds as in the state-dtype tests below (one
-    storage ulp on the state) and the bf16 output flips above."""
-    gen = torch.Generator().manual_seed(4)
+def _real_shape_decode(seed, state_dtype=torch.float32):
+    """Kernel and twin on the 27B's GDN heads (Hk 16, Hv 48, dk = dv = 128), bf16, decode plus speculative
+    verification of up to 4 tokens with intermediate slots: (o, o_ref, ssm, ssm_ref)."""
+    gen = torch.Generator().manual_seed(seed)
     lens = [1] * 61 + [4, 4, 3]
     q, k, v, g, beta, ssm, qsl, slots, has = _case(lens, 16, 3, 128, 128, torch.bfloat16, gen, device="cuda",
                                                    num_slots=300, has_p=0.9)
@@ -299,6 +278,24 @@ def test_recurrent_gpu_real_shape_16bit_state(state_dtype):
     o_ref = ref.recurrent_gated_delta_rule(q, k, v, g, beta, ssm_ref, qsl, slots, has, 0.088,
                                            intermediate_state_slots=inter)
     o = recurrent_gated_delta_rule(q, k, v, g, beta, ssm, qsl, slots, has, 0.088, intermediate_state_slots=inter)
+    return o, o_ref, ssm, ssm_ref
+
+
+@pytest.mark.gpu
+def test_recurrent_gpu_real_shape():
+    o, o_ref, ssm, ssm_ref = _real_shape_decode(3)
+    # same fp32 math on the same bf16 inputs: outputs differ by bf16 rounding flips (<= 1 ulp, 3.9e-3)
+    assert _rel(o, o_ref) < 4e-3 and _rel(ssm, ssm_ref) < 1e-5
+    assert not math.isnan(o.float().sum().item())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("state_dtype", [torch.float16, torch.bfloat16])
+def test_recurrent_gpu_real_shape_16bit_state(state_dtype):
+    """The engine's default decode (16-bit state slots, the sm_90 row's rec16 launch: BV 32, one warp) at the
+    27B's heads, decode plus verification rows, against the twin; bounds as in the state-dtype tests below (one
+    storage ulp on the state) and the bf16 output flips above."""
+    o, o_ref, ssm, ssm_ref = _real_shape_decode(4, state_dtype)
     assert _rel(o, o_ref) < 4e-3 and _rel(ssm.float(), ssm_ref.float()) < {torch.float16: 5e-4,
                                                                           torch.bfloat16: 4e-3}[state_dtype]
     assert not math.isnan(o.float().sum().item())
@@ -342,6 +339,26 @@ def test_recurrent_state_dtype_matches_twin(state_dtype):
     assert _rel(ssm_d, ssm_ref) < STATE_TOL[state_dtype]
     untouched = [s for s in range(12) if s not in (*slots.tolist(), 8, 9, 10, 11)]
     assert torch.equal(ssm_d[untouched].cpu(), ssm[untouched])
+
+
+@pytest.mark.parametrize("state_dtype", [torch.float16, torch.bfloat16])
+def test_recurrent_16bit_state_takes_the_rec16_launch(state_dtype):
+    """The sm_90 row launches 16-bit states with BV 32 (rec16) and fp32 ones with BV 64: both against the twin
+    where dv = 64 splits into two or one value blocks (the interpreter runs the row's BV; its warps do not
+    matter there)."""
+    from catengine.kernels.gdn.recurrent import recurrent_gated_delta_rule_with
+    row = gdn_table.TABLE[90]
+    assert row.rec_launch(state_dtype) == (32, 1) and row.rec_launch(torch.float32) == (row.rec_bv, row.rec_warps)
+    assert gdn_table.TABLE[80].rec_launch(state_dtype) == (gdn_table.TABLE[80].rec_bv, gdn_table.TABLE[80].rec_warps)
+    gen = torch.Generator().manual_seed(22)
+    q, k, v, g, beta, ssm, qsl, slots, has = _case([1, 2, 1], 1, 2, 64, 64, torch.float32, gen, num_slots=6, has_p=1.0)
+    ssm = ssm.to(state_dtype)
+    ssm_ref = ssm.clone()
+    o_ref = ref.recurrent_gated_delta_rule(q, k, v, g, beta, ssm_ref, qsl, slots, has, 0.125)
+    ssm_d = ssm.clone().to(DEV)
+    o = recurrent_gated_delta_rule_with(*(x.to(DEV) for x in (q, k, v, g, beta)), ssm_d, qsl.to(DEV), slots.to(DEV),
+                                        has.to(DEV), 0.125, True, None, row)
+    assert _rel(o, o_ref) < max(1e-4, STATE_TOL[state_dtype]) and _rel(ssm_d, ssm_ref) < STATE_TOL[state_dtype]
 
 
 @pytest.mark.parametrize("prefill", PREFILL)
