@@ -246,16 +246,19 @@ def bench_mma(dtype=torch.float16, tokens=(2, 4, 5, 8, 16, 32, 64, 128, 256)):
                 "mma" if table.mma and rows_tk <= table.mma[-1][0] else "tl.dot")
         rows.append([t, f"{n_exp:.0f}", path, ours * 1e3, nbytes / ours / 1e6 / bw, before * 1e3, before / ours,
                      tp * 1e3, tp / ours, nbytes / bw / 1e3, f"{err:.1e}"])
-    sweep = []
-    for tile in (MmaTile(1, 1), MmaTile(1, 2), MmaTile(1, 4), MmaTile(2, 2), MmaTile(2, 4)):
+    sweep, sweep_tokens = [], (5, 8, 16, 32, 64, 128)
+    for tile in (MmaTile(1, 1), MmaTile(1, 2), MmaTile(1, 4), MmaTile(2, 1), MmaTile(2, 2), MmaTile(2, 4)):
         with patched(moe, key, dataclasses.replace(table, mma=((table.mma[-1][0], tile),))):
             times = []
-            for t in (8, 32, 128):
-                routes = [route.moe_route(torch.randn(t, E, device="cuda"), TOPK, True) for _ in range(max(1, 16 // t))]
+            for t in sweep_tokens:
+                # the same routings for every tile (seeded), so the tiles' rows compare like for like
+                routes = [route.moe_route(torch.randn(t, E, device="cuda",
+                                                      generator=torch.Generator(device="cuda").manual_seed(300 + i)),
+                                          TOPK, True) for i in range(max(1, 16 // t))]
                 x = torch.randn(t, HID, device="cuda", dtype=dtype)
                 times.append(graph_ms(rotated(routes, lambda r: moe.fused_moe(x, w13, w2, *r)), reps=7) * 1e3)
-        sweep.append([str(tile)] + times)
-    print_table("sweep: fused_moe on mma tiles (us)", ["tile", "8 tokens", "32 tokens", "128 tokens"], sweep)
+        sweep.append([f"MB {tile.MB} W {tile.W}" + (" (table)" if tile == table.mma[-1][1] else "")] + times)
+    print_table("sweep: fused_moe on mma tiles (us)", ["tile"] + [f"{t} tokens" for t in sweep_tokens], sweep)
     print_table(f"fused MoE W4A16 at 2-256 tokens (E {E}, top-{TOPK}, H {HID}, I {INTER}; copy {bw:.0f} GB/s)",
                 ["tokens", "experts", "path", "ours us", "BW/copy (touched)", "before us", "before/ours",
                  "torch loop us", "torch/ours", "copy-bound us", "rel err"], rows)
