@@ -150,6 +150,7 @@ def aot_configs(cc: int) -> list[AotConfig]:
     """The gating kernel and every recurrent launch of this architecture's table at the model's head
     dims (dk = dv = 128), in the activation dtype the architecture serves."""
     c = TABLE[arch_from_cc(cc)]
+    bv16, warps16 = c.rec_launch(torch.float16)
     dt = aot_dtype(cc)
     p, f32, i32 = f"*{dt}", "*fp32", "*i32"
     ptrs = {"q": p, "k": p, "v": p, "g": f32, "beta": f32, "o": p, "ssm": f32, "qsl": i32,
@@ -159,7 +160,6 @@ def aot_configs(cc: int) -> list[AotConfig]:
         aot_config(gdn_recurrent_kernel, ptrs, dict(AOT_DIMS, BV=c.rec_bv, HAS_INTER=inter), c.rec_warps, 1,
                    f"recurrent{'_inter' if inter else ''}_{dt}") for inter in (False, True)] + [
         # 16-bit state slots (mamba_ssm_cache_dtype): the decode kernel that reads and writes them every token
-        aot_config(gdn_recurrent_kernel, {**ptrs, "ssm": f"*{sdt}"},
-                   dict(AOT_DIMS, BV=c.rec_launch(torch.float16)[0], HAS_INTER=False), c.rec_launch(torch.float16)[1],
-                   1, f"recurrent_{dt}_state_{sdt}")
+        aot_config(gdn_recurrent_kernel, {**ptrs, "ssm": f"*{sdt}"}, dict(AOT_DIMS, BV=bv16, HAS_INTER=False),
+                   warps16, 1, f"recurrent_{dt}_state_{sdt}")
         for sdt in ("fp16",) + (("bf16",) if cc >= 80 else ())]

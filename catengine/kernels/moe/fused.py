@@ -64,6 +64,10 @@ class MoeTable:
 # dependent launch: 12.8 us for one token against 15.5 for the row kernels (decode=None). Unsplit
 # passes (16 columns x all of K a program, the down pass as one tile of all top_k experts' rows)
 # measured 16.7-21.4 us (sm_70/sm_80 take the tiles unmeasured, without PDL, which needs sm_90).
+# sm_90's mma tile: 4 warps (256 columns a program) against 2 at 5 / 8 / 16 / 32 / 64 tokens of the 35B-A3B's experts:
+# 50.5 / 62.8 / 101 / 135 / 177 us against 53.8 / 67.8 / 103 / 148 / 179 (H100, session 15, fused_moe_mma timed alone
+# in graphs of 16 calls; 1 warp and 32-token blocks were slower from 8 tokens on; bench/NOTES.md). sm_80 keeps 2
+# warps, unmeasured.
 _DECODE = (GemvConfig(64, 512, 4, 1, 16), GemvConfig(64, 512, 4, 1, 16))
 TABLES = {
     "sm70": MoeTable(32, GemvConfig(16, 512, 4, 1, 1), GemvConfig(32, 512, 4, 1, 4), (
@@ -81,12 +85,6 @@ TABLES = {
         (1 << 30, GemmConfig(128, 128, 64, 8, 3)),
     ), _DECODE, decode_pdl=1, mma=((2048, MmaTile(1, 4)),)),
 }
-
-
-# sm_90's mma tile: 4 warps (256 columns a program) against 2 at 5 / 8 / 16 / 32 / 64 tokens of the 35B-A3B's experts:
-# 50.5 / 62.8 / 101 / 135 / 177 us against 53.8 / 67.8 / 103 / 148 / 179 (H100, session 15, fused_moe_mma timed alone
-# in graphs of 16 calls; 1 warp and 32-token blocks were slower from 8 tokens on; bench/NOTES.md). sm_80 keeps 2
-# warps, unmeasured.
 
 
 def _dense_bk(bk: int, k: int) -> int:
