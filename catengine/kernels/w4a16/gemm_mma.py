@@ -354,8 +354,8 @@ AOT_TILES = (MmaTile(1, 2), MmaTile(2, 1), MmaTile(1, 2, pdl=True))
 
 
 def aot_tiles(cc: int) -> tuple:
-    """AOT_TILES without the PDL ones below sm_90 (griddepcontrol)."""
-    return tuple(t for t in AOT_TILES if cc >= 90 or not t.pdl) if cc >= 80 else ()
+    """AOT_TILES without the PDL ones below sm_90 (griddepcontrol); aot_configs builds none below sm_80."""
+    return tuple(t for t in AOT_TILES if cc >= 90 or not t.pdl)
 
 
 def aot_configs(cc: int) -> list[AotConfig]:
