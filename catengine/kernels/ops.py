@@ -169,6 +169,18 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, ssm_states, query_start_loc, st
                                                 has_initial_state, scale, use_qk_l2norm, intermediate_state_slots)
 
 
+@_op(gdn_naive.gdn_gating_recurrent)
+def gdn_gating_recurrent(q, k, v, A_log, a, dt_bias, b, ssm_states, query_start_loc, state_slots, has_initial_state,
+                         scale: float, use_qk_l2norm: bool = True, intermediate_state_slots=None):
+    if use_triton(q.device):
+        from .gdn import recurrent
+        return recurrent.gdn_gating_recurrent(q, k, v, A_log, a, dt_bias, b, ssm_states, query_start_loc,
+                                              state_slots, has_initial_state, scale, use_qk_l2norm,
+                                              intermediate_state_slots)
+    return gdn_naive.gdn_gating_recurrent(q, k, v, A_log, a, dt_bias, b, ssm_states, query_start_loc, state_slots,
+                                          has_initial_state, scale, use_qk_l2norm, intermediate_state_slots)
+
+
 # ---------------------------------------------------------------- w4a16 and moe
 @_op(w4a16_naive.w4a16_linear)
 def w4a16_linear(x, weight: QuantizedWeight, bias=None):
@@ -247,7 +259,8 @@ def triton_ops() -> dict[str, Callable]:
         "paged_attention": paged.paged_attention, "causal_conv1d": conv1d.causal_conv1d,
         "causal_conv1d_update": conv1d.causal_conv1d_update, "gdn_gating": recurrent.gdn_gating,
         "chunk_gated_delta_rule": chunk.chunk_gated_delta_rule,
-        "recurrent_gated_delta_rule": recurrent.recurrent_gated_delta_rule, "w4a16_linear": dequant.w4a16_linear,
+        "recurrent_gated_delta_rule": recurrent.recurrent_gated_delta_rule,
+        "gdn_gating_recurrent": recurrent.gdn_gating_recurrent, "w4a16_linear": dequant.w4a16_linear,
         "w8a16_linear": gemv.w8a16_linear,
         "moe_route": route.moe_route, "fused_moe": fused.fused_moe,
         "shared_expert_add": shared.shared_expert_add, "sample_tokens": sampler.sample_tokens,

@@ -125,12 +125,15 @@ class GatedDeltaNet:
         q = q.reshape(t, self.hk, self.dk)
         k = k.reshape(t, self.hk, self.dk)
         v = v.reshape(t, self.hv, self.dv)
-        g, beta = ops.gdn_gating(self.A_log, a, self.dt_bias, b)
-        recurrent = batch.decode_only or verify
-        rule = ops.recurrent_gated_delta_rule if recurrent else ops.chunk_gated_delta_rule
-        extra = {"intermediate_state_slots": batch.intermediate_state_slots} if recurrent else {}
-        o = rule(q, k, v, g, beta, cache.ssm, batch.query_start_loc, batch.state_slots, batch.has_initial_state,
-                 self.dk ** -0.5, True, **extra)
+        if batch.decode_only or verify:
+            # the gating inside the recurrent kernel: one launch a layer fewer
+            o = ops.gdn_gating_recurrent(q, k, v, self.A_log, a, self.dt_bias, b, cache.ssm, batch.query_start_loc,
+                                         batch.state_slots, batch.has_initial_state, self.dk ** -0.5, True,
+                                         batch.intermediate_state_slots)
+        else:
+            g, beta = ops.gdn_gating(self.A_log, a, self.dt_bias, b)
+            o = ops.chunk_gated_delta_rule(q, k, v, g, beta, cache.ssm, batch.query_start_loc, batch.state_slots,
+                                           batch.has_initial_state, self.dk ** -0.5, True)
         o = ops.gated_rms_norm(o, z.reshape(t, self.hv, self.dv), self.norm_weight, self.eps)
         return self.out_proj(o.reshape(t, self.value_dim))
 

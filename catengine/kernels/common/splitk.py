@@ -10,7 +10,9 @@ import triton.language as tl
 
 from .arch import pdl_supported
 
-REDUCE_BLOCK = 1024     # output columns per reduce program
+# output columns per reduce program: 256 (4 warps, 2 columns a thread) took 1.7-2.1 us a call where 1024 took 2.3-3.2
+# at the decode step's split shapes, and the MoE combine likewise (bench/NOTES.md, session 16)
+REDUCE_BLOCK = 256
 MAX_SPLIT_K = 32        # splits of one tile at most (sm_80/90 kernels; gemm_sm70 keeps its own bound)
 
 

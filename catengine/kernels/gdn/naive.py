@@ -211,3 +211,12 @@ def chunk_wy(k, v, g, beta, query_start_loc, use_qk_l2norm: bool = True, chunk_s
             w[c0:c1] = wu[..., :kc.shape[-1]].transpose(0, 1).to(v.dtype)
             u[c0:c1] = wu[..., kc.shape[-1]:].transpose(0, 1).to(v.dtype)
     return w, u, kn
+
+
+def gdn_gating_recurrent(q, k, v, A_log, a, dt_bias, b, ssm_states, query_start_loc, state_slots, has_initial_state,
+                         scale: float, use_qk_l2norm: bool = True, intermediate_state_slots=None):
+    """:func:`gdn_gating` then :func:`recurrent_gated_delta_rule` (the decode and verify step's form: on the GPU one
+    launch computes the gating inside the recurrent kernel). a, b: [T, Hv] the gating's inputs; the rest as there."""
+    g, beta = gdn_gating(A_log, a, dt_bias, b)
+    return recurrent_gated_delta_rule(q, k, v, g, beta, ssm_states, query_start_loc, state_slots, has_initial_state,
+                                      scale, use_qk_l2norm, intermediate_state_slots)
