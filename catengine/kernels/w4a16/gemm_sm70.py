@@ -200,6 +200,7 @@ def aot_configs(cc: int) -> list[AotConfig]:
                                      divisible_by_16=("N", "K", "stride_xm", "stride_ym")))
     out.append(AotConfig("splitk_reduce_kernel", {"part_ptr": "*fp32", "bias_ptr": "*fp16", "y_ptr": "*fp16",
                                                   "M": "i32", "N": "i32", "stride_ym": "i32", "SPLIT_K": "constexpr",
-                                                  "BLOCK": "constexpr", "HAS_BIAS": "constexpr", "TRIGGER": "constexpr"},
+                                                  "BLOCK": "constexpr", "HAS_BIAS": "constexpr",
+                                                  "TRIGGER": "constexpr"},
                          dict(SPLIT_K=4, BLOCK=REDUCE_BLOCK, HAS_BIAS=True, TRIGGER=False), 4, 1, "reduce fp16"))
     return out
