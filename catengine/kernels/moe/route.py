@@ -66,50 +66,55 @@ def moe_route(router_logits, top_k: int, renormalize: bool = True, expert_range:
 
 
 # ---------------------------------------------------------------- expert-sorted alignment
-ALIGN_MAX_ROWS = 4096   # flat (token, slot) rows the one-program kernel sorts in registers; more: the twin
+ALIGN_MAX_ROWS = 4096   # flat (token, slot) rows each program of the kernel holds in registers; more: the twin
+
+
+def align_warps(bt: int) -> int:
+    """Warps of an alignment program holding ``bt`` ids: 1 up to 128, 2 at 256, 4 beyond (the fastest at 40-2,048 ids
+    of the 35B-A3B's 256 experts on an H100; bench/NOTES.md, session 17)."""
+    return 1 if bt <= 128 else 2 if bt <= 256 else 4
 
 
 @triton.jit
-def _align_kernel(id_ptr, sorted_ptr, bexp_ptr, npost_ptr, scratch_ptr, TK, E, MAX_BLOCKS, BLOCK: tl.constexpr,
-                  BT: tl.constexpr, BE: tl.constexpr, BB: tl.constexpr):
-    # one program: sort (expert, flat index) keys in registers, find each expert's run in the sorted order
-    # through a small scratch (a register vector cannot be indexed by another), pad each run to BLOCK.
-    # Scratch: run start [BE], run end [BE], sorted experts [BT], destination offset [BE]
+def _align_kernel(id_ptr, sorted_ptr, bexp_ptr, npost_ptr, TK, E, MAX_BLOCKS, BLOCK: tl.constexpr, PB: tl.constexpr,
+                  BT: tl.constexpr, BE: tl.constexpr, CH: tl.constexpr):
+    # a program per expert, and one more for the tail past the last block: each reads every id, counts all
+    # experts (a histogram) to find where its own padded run starts, and writes that run in flat order (the
+    # twin's stable sort) with its padding and block entries. No sort, scratch or barrier: the programs run side
+    # by side.
+    i_e = tl.program_id(0)
     o_t = tl.arange(0, BT)
     o_e = tl.arange(0, BE)
-    m_t = o_t < TK
-    b_id = tl.load(id_ptr + o_t, mask=m_t, other=0).to(tl.int32)
-    # expert-major, flat index minor: the twin's stable argsort; rows past TK, and rows of experts other
-    # ranks hold (id -1, expert parallelism), sort last as expert E and are dropped
-    b_key = tl.sort(tl.where(m_t & (b_id >= 0), b_id, E) * BT + o_t, 0)
-    s_e, s_i = b_key // BT, b_key % BT
-    m_real = s_e < E
-    p_start, p_end, p_se, p_off = scratch_ptr, scratch_ptr + BE, scratch_ptr + 2 * BE, scratch_ptr + 2 * BE + BT
-    tl.store(p_start + o_e, tl.zeros([BE], tl.int32))
-    tl.store(p_end + o_e, tl.zeros([BE], tl.int32))
-    tl.store(p_se + o_t, s_e)
-    tl.debug_barrier()
-    b_prev = tl.load(p_se + o_t - 1, mask=o_t > 0, other=-1)
-    b_next = tl.load(p_se + o_t + 1, mask=o_t + 1 < BT, other=-1)
-    tl.store(p_start + s_e, o_t, mask=m_real & (b_prev != s_e))
-    tl.store(p_end + s_e, o_t + 1, mask=m_real & (b_next != s_e))
-    tl.debug_barrier()
-    b_start = tl.load(p_start + o_e)
-    b_blocks = (tl.load(p_end + o_e) - b_start + BLOCK - 1) // BLOCK     # 0 for absent experts (0 - 0)
+    b_id = tl.load(id_ptr + o_t, mask=o_t < TK, other=-1).to(tl.int32)
+    # rows past TK and rows of experts other ranks hold (id -1, expert parallelism) count nowhere
+    m_v = (o_t < TK) & (b_id >= 0)
+    b_cnt = tl.histogram(tl.where(m_v, b_id, 0), BE, mask=m_v)
+    b_blocks = (b_cnt + BLOCK - 1) // BLOCK                      # [BE], 0 for absent experts
     b_blk_end = tl.cumsum(b_blocks, 0)
-    # sorted position i of expert e goes to e's padded start + (i - e's run start)
-    tl.store(p_off + o_e, (b_blk_end - b_blocks) * BLOCK - b_start)
-    for p0 in range(0, MAX_BLOCKS * BLOCK, BT):
-        tl.store(sorted_ptr + p0 + o_t, tl.zeros([BT], tl.int32) + TK, mask=p0 + o_t < MAX_BLOCKS * BLOCK)
-    tl.debug_barrier()
-    b_dest = o_t + tl.load(p_off + s_e, mask=m_real, other=0)
-    tl.store(sorted_ptr + b_dest, s_i, mask=m_real)
-    # block b belongs to the number of experts whose padded run ends at or before it (searchsorted, right)
-    for b0 in range(0, MAX_BLOCKS, BB):
-        o_b = b0 + tl.arange(0, BB)
-        b_be = tl.sum(((b_blk_end[None, :] <= o_b[:, None]) & (o_e[None, :] < E)).to(tl.int32), 1)
-        tl.store(bexp_ptr + o_b, tl.where(b_be < E, b_be, -1), mask=o_b < MAX_BLOCKS)
-    tl.store(npost_ptr, tl.sum(b_blocks, 0) * BLOCK)
+    n_total = tl.sum(b_blocks, 0)
+    if i_e < E:
+        m_e = m_v & (b_id == i_e)
+        n_rows = tl.sum(m_e.to(tl.int32), 0)
+        if n_rows > 0:
+            n_blk = (n_rows + BLOCK - 1) // BLOCK
+            i_start = tl.sum(tl.where(o_e == i_e, b_blk_end, 0), 0) - n_blk
+            p_run = sorted_ptr + i_start * BLOCK
+            # rank within the expert = how many of its rows come before, in flat order
+            tl.store(p_run + tl.cumsum(m_e.to(tl.int32), 0) - 1, o_t, mask=m_e)
+            o_p = n_rows + tl.arange(0, PB)
+            tl.store(p_run + o_p, tl.zeros([PB], tl.int32) + TK, mask=o_p < n_blk * BLOCK)
+            for j0 in range(0, n_blk, CH):
+                o_j = j0 + tl.arange(0, CH)
+                tl.store(bexp_ptr + i_start + o_j, tl.zeros([CH], tl.int32) + i_e, mask=o_j < n_blk)
+    else:
+        # the tail: blocks past the last expert's run hold no expert, their rows are padding
+        for b0 in range(n_total, MAX_BLOCKS, CH):
+            o_b = b0 + tl.arange(0, CH)
+            tl.store(bexp_ptr + o_b, tl.zeros([CH], tl.int32) - 1, mask=o_b < MAX_BLOCKS)
+        for p0 in range(n_total * BLOCK, MAX_BLOCKS * BLOCK, CH):
+            o_p = p0 + tl.arange(0, CH)
+            tl.store(sorted_ptr + o_p, tl.zeros([CH], tl.int32) + TK, mask=o_p < MAX_BLOCKS * BLOCK)
+        tl.store(npost_ptr, n_total * BLOCK)
 
 
 def align_tokens(topk_ids, num_experts: int, block: int):
@@ -129,9 +134,9 @@ def align_tokens(topk_ids, num_experts: int, block: int):
     sorted_ids = torch.empty(max_blocks * block, dtype=torch.int32, device=dev)
     block_expert = torch.empty(max_blocks, dtype=torch.int32, device=dev)
     n_post = torch.empty(1, dtype=torch.int32, device=dev)
-    scratch = torch.empty(3 * be + bt, dtype=torch.int32, device=dev)
-    _align_kernel[(1,)](flat, sorted_ids, block_expert, n_post, scratch, tk, num_experts, max_blocks, BLOCK=block,
-                        BT=bt, BE=be, BB=64, num_warps=4 if bt <= 1024 else 8)
+    _align_kernel[(num_experts + 1,)](flat, sorted_ids, block_expert, n_post, tk, num_experts, max_blocks,
+                                      BLOCK=block, PB=triton.next_power_of_2(block), BT=bt, BE=be, CH=256,
+                                      num_warps=align_warps(bt))
     return sorted_ids, block_expert, n_post
 
 
@@ -149,9 +154,10 @@ def aot_configs(cc: int) -> list[AotConfig]:
         sig = {a: ty.get(a, "i32" if a.islower() else "constexpr") for a in _ROUTE_ARGS.split()}
         out.append(AotConfig("_route_kernel", sig, dict(TOPK=8, BT=1, BE=256, KP=8, RENORM=True), 1, 1,
                              f"route {dt}"))
-    for bt, warps in ((64, 4), (2048, 8)):   # 8 tokens and 256 tokens of top-8
-        sig = {"id_ptr": "*i32", "sorted_ptr": "*i32", "bexp_ptr": "*i32", "npost_ptr": "*i32", "scratch_ptr": "*i32",
-               "TK": "i32", "E": "i32", "MAX_BLOCKS": "i32", "BLOCK": "constexpr", "BT": "constexpr",
-               "BE": "constexpr", "BB": "constexpr"}
-        out.append(AotConfig("_align_kernel", sig, dict(BLOCK=16, BT=bt, BE=256, BB=64), warps, 1, f"align BT{bt}"))
+    for bt in (64, 256, 2048):   # 8, 32 and 256 tokens of top-8
+        sig = {"id_ptr": "*i32", "sorted_ptr": "*i32", "bexp_ptr": "*i32", "npost_ptr": "*i32", "TK": "i32",
+               "E": "i32", "MAX_BLOCKS": "i32", "BLOCK": "constexpr", "PB": "constexpr", "BT": "constexpr",
+               "BE": "constexpr", "CH": "constexpr"}
+        out.append(AotConfig("_align_kernel", sig, dict(BLOCK=16, PB=16, BT=bt, BE=256, CH=256), align_warps(bt), 1,
+                             f"align BT{bt}"))
     return out

@@ -210,7 +210,7 @@ def test_fp16_sum_past_65504(monkeypatch, t, quant):
 
 def test_align_tokens():
     ids = torch.tensor([[2, 0], [2, 1], [0, 2], [2, 3]], dtype=torch.int32)
-    sorted_ids, block_expert, n_post = route.align_tokens(ids, 5, 4)
+    sorted_ids, block_expert, n_post = (v.cpu() for v in route.align_tokens(ids.to(DEV), 5, 4))
     n = int(n_post)
     assert n == 16                                     # experts 0..3 hold 2, 1, 4, 1 rows: a block each
     assert block_expert[: n // 4].tolist() == [0, 1, 2, 3] and (block_expert[n // 4:] == -1).all()
@@ -225,7 +225,7 @@ def test_align_tokens():
 @pytest.mark.parametrize("t,k,e,block", [(1, 1, 4, 16), (2, 8, 256, 16), (8, 8, 256, 16), (5, 3, 7, 4),
                                          (33, 2, 16, 64), (256, 8, 256, 16), (300, 8, 64, 32)])
 def test_align_kernel_equals_twin(t, k, e, block):
-    """One-program Triton alignment against the torch twin: every output identical (the order within an
+    """The per-expert Triton alignment against the torch twin: every output identical (the order within an
     expert included, so the grouped GEMMs see the very same rows). Routings skewed to a few experts too,
     so some runs span many blocks and most experts are absent."""
     gen = torch.Generator().manual_seed(t * 31 + e)
@@ -239,6 +239,15 @@ def test_align_kernel_equals_twin(t, k, e, block):
         got = route.align_tokens(ids.to(DEV), e, block)
         for g, w in zip(got, want):
             assert g.dtype == torch.int32 and torch.equal(g.cpu(), w), (skew, g, w)
+
+
+def test_align_kernel_one_expert_over_many_chunks():
+    """One expert's run longer than a program's chunk of block entries (256), the tail too: still the twin's."""
+    ids = torch.zeros(1100, 1, dtype=torch.int32)
+    ids[::7] = 1
+    for got, want in zip(route.align_tokens(ids.to(DEV), 3, 4), reference.align_tokens(ids, 3, 4)):
+        assert torch.equal(got.cpu(), want)
+    assert int(reference.align_tokens(ids, 3, 4)[2]) // 4 > 256
 
 
 @pytest.mark.parametrize("t,k,e,block", [(1, 2, 4, 16), (8, 8, 64, 16), (33, 2, 16, 64), (300, 8, 64, 32)])
