@@ -144,6 +144,10 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, ssm_states, query_start_loc, st
 def gdn_gating_recurrent(q, k, v, A_log, a, dt_bias, b, ssm_states, query_start_loc, state_slots, has_initial_state,
                          scale: float, use_qk_l2norm: bool = True, intermediate_state_slots=None):
     """Triton twin of :func:`catengine.kernels.gdn.naive.gdn_gating_recurrent` (same signature): one launch."""
+    hv = v.shape[1]
+    if A_log.shape != (hv,) or dt_bias.shape != (hv,):
+        raise ValueError(f"gdn_gating_recurrent: A_log and dt_bias must be [Hv] = [{hv}] (one per value head of v); "
+                         f"got A_log {tuple(A_log.shape)}, dt_bias {tuple(dt_bias.shape)}")
     return recurrent_gated_delta_rule_with(q, k, v, a, b, ssm_states, query_start_loc, state_slots, has_initial_state,
                                            scale, use_qk_l2norm, intermediate_state_slots, None,
                                            (A_log.contiguous(), dt_bias.contiguous()))
@@ -153,7 +157,8 @@ def recurrent_gated_delta_rule_with(q, k, v, g, beta, ssm_states, qsl, state_slo
                                     inter, table: GDNTable | None, gating=None):
     """recurrent_gated_delta_rule with an explicit table (None: this device's); the benchmark tries others.
     ``gating`` = (A_log, dt_bias): g and beta are the gating's inputs a and b (gdn_gating_recurrent)."""
-    q, k, v, g, beta, o, nb = prepare(q, k, v, g, beta, ssm_states, qsl)
+    q, k, v, g, beta, o, nb = prepare(q, k, v, g, beta, ssm_states, qsl,
+                                      names=("g", "beta") if gating is None else ("a", "b"))
     t, hk, dk = q.shape
     hv, dv = v.shape[1:]
     if t == 0 or nb == 0:

@@ -135,13 +135,14 @@ def rows(t):
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _check(q, k, v, g, beta, ssm_states, chunk_size=BT):
+def _check(q, k, v, g, beta, ssm_states, chunk_size=BT, names=("g", "beta")):
     t, hk, dk = q.shape
     hv, dv = v.shape[1:]
+    ng, nb = names
     if k.shape != q.shape or v.shape[0] != t or hv % hk or g.shape != (t, hv) or beta.shape != (t, hv):
-        raise ValueError(f"gated delta rule: q, k [T, Hk, dk], v [T, Hv, dv] with Hv a multiple of Hk, g and "
-                         f"beta [T, Hv]; got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
-                         f"g {tuple(g.shape)}, beta {tuple(beta.shape)}")
+        raise ValueError(f"gated delta rule: q, k [T, Hk, dk], v [T, Hv, dv] with Hv a multiple of Hk, {ng} and "
+                         f"{nb} [T, Hv]; got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
+                         f"{ng} {tuple(g.shape)}, {nb} {tuple(beta.shape)}")
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"gated delta rule: q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if ssm_states.shape[1:] != (hv, dk, dv) or ssm_states.dtype not in STATE_DTYPES or \
@@ -153,10 +154,11 @@ def _check(q, k, v, g, beta, ssm_states, chunk_size=BT):
         raise ValueError(f"the Triton chunked gated delta rule uses chunk_size={BT}; got {chunk_size}")
 
 
-def prepare(q, k, v, g, beta, ssm_states, qsl, chunk_size=BT):
+def prepare(q, k, v, g, beta, ssm_states, qsl, chunk_size=BT, names=("g", "beta")):
     """Checked inputs with unit stride in their last dim, the empty output [T, Hv, dv] and the number of
-    sequences; shared by the chunked and the recurrent forms."""
-    _check(q, k, v, g, beta, ssm_states, chunk_size)
+    sequences; shared by the chunked and the recurrent forms. ``names``: what the caller calls g and beta in its
+    errors (the fused gating's a and b)."""
+    _check(q, k, v, g, beta, ssm_states, chunk_size, names)
     q, k, v, g, beta = (rows(x) for x in (q, k, v, g, beta))
     o = torch.empty((q.shape[0],) + tuple(v.shape[1:]), dtype=v.dtype, device=v.device)
     return q, k, v, g, beta, o, qsl.shape[0] - 1

@@ -94,3 +94,17 @@ def test_gpu_fused_gating_real_shape_bitwise(state_dtype):
     o_two = _two_launches(*args[:7], s_two, *args[8:], 0.088, inter)
     o_one = gdn_gating_recurrent(*args[:7], s_one, *args[8:], 0.088, intermediate_state_slots=inter)
     assert torch.equal(o_one, o_two) and torch.equal(s_one, s_two)
+
+
+def test_fused_gating_errors_name_its_own_arguments():
+    """A wrong shape is reported by the names the caller passed: a and b (not the g and beta they stand in for), and
+    A_log / dt_bias of the wrong length are refused before the kernel would read past them."""
+    args = _case([1, 2], 2, 2, 16, 16, torch.float32, torch.float32, 0, DEV)
+    q, k, v, a_log, a, dt_bias, b, ssm, qsl, slots, has = args
+    with pytest.raises(ValueError, match=r"a and b \[T, Hv\].* a \(3, 3\), b \(3, 4\)"):
+        gdn_gating_recurrent(q, k, v, a_log, a[:, :3], dt_bias, b, ssm, qsl, slots, has, 0.25)
+    with pytest.raises(ValueError, match=r"A_log and dt_bias must be \[Hv\] = \[4\].*A_log \(3,\)"):
+        gdn_gating_recurrent(q, k, v, a_log[:3], a, dt_bias, b, ssm, qsl, slots, has, 0.25)
+    g, beta = gdn_gating(a_log, a, dt_bias, b)
+    with pytest.raises(ValueError, match=r"g and beta \[T, Hv\]"):
+        recurrent_gated_delta_rule(q, k, v, g[:, :3], beta, ssm, qsl, slots, has, 0.25)
