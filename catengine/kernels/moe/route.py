@@ -91,7 +91,6 @@ def _align_kernel(id_ptr, sorted_ptr, bexp_ptr, npost_ptr, TK, E, MAX_BLOCKS, BL
     b_cnt = tl.histogram(tl.where(m_v, b_id, 0), BE, mask=m_v)
     b_blocks = (b_cnt + BLOCK - 1) // BLOCK                      # [BE], 0 for absent experts
     b_blk_end = tl.cumsum(b_blocks, 0)
-    n_total = tl.sum(b_blocks, 0)
     if i_e < E:
         m_e = m_v & (b_id == i_e)
         n_rows = tl.sum(m_e.to(tl.int32), 0)
@@ -108,6 +107,7 @@ def _align_kernel(id_ptr, sorted_ptr, bexp_ptr, npost_ptr, TK, E, MAX_BLOCKS, BL
                 tl.store(bexp_ptr + i_start + o_j, tl.zeros([CH], tl.int32) + i_e, mask=o_j < n_blk)
     else:
         # the tail: blocks past the last expert's run hold no expert, their rows are padding
+        n_total = tl.sum(b_blocks, 0)
         for b0 in range(n_total, MAX_BLOCKS, CH):
             o_b = b0 + tl.arange(0, CH)
             tl.store(bexp_ptr + o_b, tl.zeros([CH], tl.int32) - 1, mask=o_b < MAX_BLOCKS)
