@@ -13,12 +13,14 @@ import torch
 
 from ..errors import ConfigError
 
-# issue 8, "What the peer reaches on this H200": vLLM 0.25.0, fp16, CUDA graphs; transformers 5.17 fp16 batch 1
+# vLLM 0.25.0 on the H200 (fp16, CUDA graphs): batch-1 decode and transformers 5.17 from issue 8 ("What the peer
+# reaches on this H200"); 8K prefill and 32 concurrent from issue 21's later side-by-side run (same protocol, the
+# figures its targets are set against)
 PEERS = {
-    "qwen3.5-27b": {"decode_b1_short": 97.3, "decode_b1_long": 100.0, "prefill_8192": 12378.0,
-                    "concurrent_32": 1731.0, "transformers_fp16_b1": 8.4},
-    "qwen3.6-35b-a3b": {"decode_b1_short": 218.6, "decode_b1_long": 231.3, "prefill_8192": 42727.0,
-                        "concurrent_32": 3577.0},
+    "qwen3.5-27b": {"decode_b1_short": 97.3, "decode_b1_long": 100.0, "prefill_8192": 12202.0,
+                    "concurrent_32": 1758.0, "transformers_fp16_b1": 8.4},
+    "qwen3.6-35b-a3b": {"decode_b1_short": 218.6, "decode_b1_long": 231.3, "prefill_8192": 44489.0,
+                        "concurrent_32": 3777.0},
 }
 _TINY = dict(vocab_size=512, hidden_size=128, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1,
              head_dim=64, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,

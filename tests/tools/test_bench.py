@@ -91,7 +91,7 @@ def test_cpu_quick_run_of_every_section(tmp_path, capsys):
     assert re.search(r"\bnan\b", printed, re.I) is None and "graphs / eager" not in printed
     assert "CUDA graphs vs eager: skipped (no decode CUDA graphs on cpu)" in printed
     report = json.loads(out.read_text())
-    assert report["sections"] == list(SECTIONS) and report["peers_vllm_0_25"]["qwen3.5-27b"]["prefill_8192"] == 12378
+    assert report["sections"] == list(SECTIONS) and report["peers_vllm_0_25"]["qwen3.5-27b"]["prefill_8192"] == 12202
     r = report["models"]["tiny-dense"]
     assert set(r) == {"checkpoint", "decode_b1", "prefill", "concurrent", "roofline", "kv_fp8", "cuda_graphs",
                       "transformers"}
