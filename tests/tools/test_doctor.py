@@ -121,9 +121,9 @@ def test_h200_rows_and_the_switch(monkeypatch):
     assert report["ops"]["fused_moe"]["path"].endswith("up to 2048: mma.sync m16n8k16 Gluon (fp16 W4A16 experts, "
                                                         "groups 32/64/128; else tl.dot (tensor cores)); above: tl.dot "
                                                         "(tensor cores)")
-    assert report["ops"]["w4a16_linear"]["path"].startswith("M <= 2: GEMV on CUDA cores; M 3-16: mma.sync m16n8k16 "
+    assert report["ops"]["w4a16_linear"]["path"].startswith("M <= 2: GEMV on CUDA cores; M 3-13: mma.sync m16n8k16 "
                                                             "Gluon (fp16, groups 32/64/128; else tl.dot (tensor cores)); "
-                                                            "M 17-64: wgmma Gluon (fp16, groups 32/64/128, N % 16 == 0; "
+                                                            "M 14-64: wgmma Gluon (fp16, groups 32/64/128, N % 16 == 0; "
                                                             "else tl.dot (tensor cores)); M 65-255: tl.dot (tensor cores)")
     assert report["ops"]["paged_attention"]["path"] == "tl.dot (tensor cores)"
     monkeypatch.setattr(arch, "ARCH_OVERRIDE", "70")

@@ -268,7 +268,7 @@ _SIG = {"x_ptr": "*fp16", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*fp16", 
         "y_ptr": "*fp16", "part_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
         "stride_ym": "i32", "n_split": "i32", "G": "constexpr", "R": "constexpr", "BT": "constexpr",
         "SPLIT": "constexpr", "HAS_BIAS": "constexpr", "PDL": "constexpr"}
-AOT_TILES = (WgmmaTile(2, 32), WgmmaTile(1, 64), WgmmaTile(2, 32, pdl=True))
+AOT_TILES = (WgmmaTile(2, 32), WgmmaTile(1, 64), WgmmaTile(2, 32, pdl=True), WgmmaTile(2, 16, pdl=True))
 
 
 def aot_configs(cc: int) -> list[AotConfig]:

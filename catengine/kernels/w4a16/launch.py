@@ -69,6 +69,8 @@ class ArchTable:
 # sm_90's mma and wgmma tiles are PDL launches, and the ops before them (norms, silu_mul, the split-K reduce) let
 # them start (kernels/common/gdc.py): a chain of the GEMMs alone gained nothing (within 2%), the decode step of
 # the 8-layer models with the triggers 0.3-3% (bench/NOTES.md, session 15).
+# sm_90's 14-16 rows went from mma (MB 1 W 2) to wgmma R 2 BT 16: the four 27B linears summed 130 -> 123 us at 14
+# rows and 139 -> 127 at 16, a tie at 13, mma ahead at 8-12 (bench/NOTES.md, session 18).
 # sm_70 takes HMMA.884 from 2 rows: its tl.dot GEMM is FMA there and spills, projected (CPU dry run, bench/NOTES.md)
 # at 312 us for 5120 x 17408 at M = 2-6 against 55-57 us on HMMA.884 (the M = 1 GEMV: 55 us).
 TABLES = {
@@ -89,8 +91,9 @@ TABLES = {
         (64, GemmConfig(64, 64, 128, 4, 3, waves=4)),
         (256, GemmConfig(128, 128, 64, 8, 3)),
         (1 << 30, GemmConfig(256, 128, 64, 8, 4)),
-    ), mma=((16, MmaTile(1, 2, 4, pdl=True)),),
-        wgmma=((32, WgmmaTile(2, 32, 2, pdl=True)), (64, WgmmaTile(1, 64, 2, pdl=True)))),
+    ), mma=((13, MmaTile(1, 2, 4, pdl=True)),),
+        wgmma=((16, WgmmaTile(2, 16, 2, pdl=True)), (32, WgmmaTile(2, 32, 2, pdl=True)),
+               (64, WgmmaTile(1, 64, 2, pdl=True)))),
 }
 
 
