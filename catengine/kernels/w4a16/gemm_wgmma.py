@@ -235,6 +235,15 @@ def tile_split(M: int, N: int, K: int, G: int, tile: WgmmaTile, sms: int) -> int
     return pick_split(-(-N // (64 * tile.R)) * -(-M // tile.BT), K // G, tile.waves, sms)
 
 
+def buildable_tile(tile: WgmmaTile, G: int, split: int) -> WgmmaTile:
+    """The tile the launcher builds: R 1 BT 64 at group 64 without split K crashes Triton 3.6's ptxas (CUDA 12.8,
+    SIGSEGV, every bias / PDL variant; 3.9's builds it), so that case takes R 2 BT 32 (within 2 % of it at 48 rows of
+    group 128, bench/NOTES.md session 18)."""
+    if G == 64 and split == 1 and (tile.R, tile.BT) == (1, 64):
+        return WgmmaTile(2, 32, tile.waves, tile.pdl)
+    return tile
+
+
 def wgmma_applies(x2: torch.Tensor, weight: QuantizedWeight) -> bool:
     """gemm_mma's operand conditions (fp16, groups 32-128, 16-byte x rows) and N a multiple of 16 (Triton 3.6's
     ptxas crashes on the build for other N); the caller checks sm_90."""
@@ -253,6 +262,8 @@ def w4a16_gemm_wgmma(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tenso
         return y
     _, sms = device_key(x.device)
     split = split_k or tile_split(M, N, K, G, tile, sms)
+    if (safe := buildable_tile(tile, G, split)) is not tile:
+        tile, split = safe, split_k or tile_split(M, N, K, G, safe, sms)
     part = split_partials(split, y)
     b = bias if bias is not None else weight.scales
     grid = (-(-M // tile.BT), -(-N // (64 * tile.R)), split)

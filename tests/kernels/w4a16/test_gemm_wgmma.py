@@ -53,6 +53,17 @@ def test_pick_split_fills_the_chip():
     assert pick_split(64, 128, 1 << 20, 32, t, 132) == MAX_SPLIT_K
 
 
+def test_group_64_never_builds_the_tile_that_crashes_ptxas_12_8():
+    """Triton 3.6's ptxas dies building R 1 BT 64 for group 64 without split K: the launcher swaps in R 2 BT 32 there
+    and nowhere else."""
+    from catengine.kernels.w4a16.gemm_wgmma import WgmmaTile, buildable_tile
+    t = WgmmaTile(1, 64, 2, pdl=True)
+    assert buildable_tile(t, 64, 1) == WgmmaTile(2, 32, 2, pdl=True)
+    for g, split in ((64, 3), (128, 1), (32, 1)):
+        assert buildable_tile(t, g, split) is t
+    assert buildable_tile(WgmmaTile(2, 32), 64, 1) == WgmmaTile(2, 32)
+
+
 def test_rows_take_wgmma_past_the_mma_rows(monkeypatch):
     """sm_90 sends fp16 M past the mma rows up to the wgmma rows' last bound to gemm_wgmma (compiled runs only);
     sm_80 and sm_70 have no wgmma rows; bf16 and larger M keep tl.dot."""
@@ -82,7 +93,8 @@ def _sm90():
 @pytest.mark.parametrize("m,k,n,split,tile", [(17, 256, 208, 1, (2, 32)), (32, 512, 336, None, (2, 32)),
                                               (40, 384, 256, 2, (2, 64)), (64, 256, 144, None, (2, 64)),
                                               (9, 512, 528, 4, (1, 16)), (50, 384, 1024, None, (4, 32)),
-                                              (130, 256, 384, 3, (1, 64)), (33, 1024, 640, 1, (4, 64)), (24, 768, 256, None, (1, 32))],
+                                              (130, 256, 384, 3, (1, 64)), (33, 1024, 640, 1, (4, 64)), (24, 768, 256, None, (1, 32)),
+                                              (64, 512, 256, 1, (1, 64))],
                          ids=lambda v: str(v))
 def test_gpu_gemm_wgmma_matches_twin(group, m, k, n, split, tile):
     """M not a multiple of BT, N not a multiple of 64 R (208, 336, 144, 528), explicit and picked split K, several
