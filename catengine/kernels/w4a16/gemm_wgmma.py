@@ -20,7 +20,7 @@ its physical k within the 32 is 8 t + 2 j + hi + 4 e.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from triton.experimental import gluon
@@ -240,7 +240,7 @@ def buildable_tile(tile: WgmmaTile, G: int, split: int) -> WgmmaTile:
     SIGSEGV, every bias / PDL variant; 3.9's builds it), so that case takes R 2 BT 32 (within 2 % of it at 48 rows of
     group 128, bench/NOTES.md session 18)."""
     if G == 64 and split == 1 and (tile.R, tile.BT) == (1, 64):
-        return WgmmaTile(2, 32, tile.waves, tile.pdl)
+        return replace(tile, R=2, BT=32)
     return tile
 
 
