@@ -10,7 +10,7 @@ Every timing replays a CUDA graph of back-to-back calls over enough weight copie
 twice (bench_gemm.py's protocol). "BW/copy" = (packed weight + scales + zeros + x + y bytes) / time / the copy
 bandwidth measured in this run: issue 21's targets are >= 0.7 at M <= 16 and >= 0.6 at 32-64. ``--sweep`` times
 tile candidates (token blocks MB, warps W, split waves) per M on o_proj, gate_up and down first and prints them;
-``--wgmma-sweep`` does the same for the wgmma tiles (m64 blocks R, tokens BT, split waves).
+``--wgmma-sweep`` does the same for the wgmma tiles (m64 blocks R, tokens BT, resident programs an SM).
 """
 from __future__ import annotations
 
@@ -33,9 +33,9 @@ from catengine.kernels.w4a16.packing import dequantize
 MS = [2, 3, 4, 8, 12, 16, 24, 32, 48, 64]
 # MB 4 is left out: its x and accumulators spill (7 ms per call at M = 48-64 in the first sweep)
 CANDIDATES = [MmaTile(mb, w, wv) for mb in (1, 2) for w in (1, 2, 4) for wv in (1, 2, 4, 8)]
-# (R, BT, waves)
-WGMMA_CANDIDATES = [WgmmaTile(*t) for t in ((2, 16, 2), (1, 16, 2), (2, 32, 1), (2, 32, 2), (2, 32, 4), (1, 32, 2),
-                                            (1, 64, 2), (1, 64, 4), (2, 64, 1), (2, 64, 2), (4, 64, 1))]
+# (R, BT, slots): each with the split that fills one wave of its resident programs (gemm_wgmma.tile_split)
+WGMMA_CANDIDATES = [WgmmaTile(*t) for t in ((2, 16, 3), (1, 16, 5), (2, 32, 3), (1, 32, 4), (1, 64, 3), (2, 64, 2),
+                                            (4, 64, 1))]
 
 
 def sweep(ms, deadline, candidates=CANDIDATES, fn=w4a16_gemm_mma, name="gemm_mma"):
@@ -57,7 +57,7 @@ def sweep(ms, deadline, candidates=CANDIDATES, fn=w4a16_gemm_mma, name="gemm_mma
             try:
                 parts = [graph_ms(rotated(ws[(k, n)], lambda w, x=xs[k], t=t: fn(x, w, None, t)), reps=7)
                          for _, k, n in shapes]
-            except Exception as e:      # Triton 3.6's ptxas crashes on some wgmma tiles (R 1 BT 32 on these shapes)
+            except Exception as e:      # a build ptxas cannot finish (gemm_wgmma.UNBUILDABLE_UNSPLIT)
                 rows.append([m, str(t), f"build failed: {type(e).__name__}"])
                 continue
             total = sum(parts)

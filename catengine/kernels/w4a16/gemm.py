@@ -179,9 +179,9 @@ def mma_tile(table: ArchTable, m: int, x2, weight: QuantizedWeight) -> MmaTile |
     return pick_mma_tile(table.mma, m)
 
 
-def wgmma_tile(table: ArchTable, m: int, x2, weight: QuantizedWeight) -> WgmmaTile | None:
-    """The gemm_wgmma tile for m rows past the mma rows when the row's wgmma bounds take m and the kernel takes the
-    operands (mma_tile's conditions and N % 16 == 0)."""
+def wgmma_tile(table: ArchTable, m: int, x2, weight: QuantizedWeight) -> tuple[WgmmaTile, ...] | None:
+    """The gemm_wgmma candidate tiles (gemm_wgmma.pick_tile chooses per shape) for m rows past the mma rows when the
+    row's wgmma bounds take m and the kernel takes the operands (mma_tile's conditions and N % 16 == 0)."""
     if INTERPRET or not wgmma_applies(x2, weight) or (table.mma and m <= table.mma[-1][0]):
         return None
     return pick_mma_tile(table.wgmma, m)

@@ -20,7 +20,7 @@ its physical k within the 32 is 8 t + 2 j + hi + 4 e.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from triton.experimental import gluon
@@ -33,7 +33,7 @@ from ..common.arch import cuda_device, device_key, pdl_supported
 from ..common.gdc import gdc_launch_dependents, gdc_wait
 from ..common.int4_frag import permute_k
 from ..common.mma884 import cta_barrier
-from ..common.splitk import pick_split, reduce_splits, split_partials
+from ..common.splitk import MAX_SPLIT_K, reduce_splits, split_partials
 from .gemm_mma import (dequant_rows_asm, mma_applies, pick_slot, register_a_operands, store_tile,
                        tile_index)
 from .packing import QuantizedWeight
@@ -222,26 +222,54 @@ def w4a16_gemm_wgmma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_p
 # ---------------------------------------------------------------- launcher
 @dataclass(frozen=True)
 class WgmmaTile:
-    """R m64 blocks per program (64 R columns), BT tokens per program (wgmma's N), split K toward ``waves`` programs
-    per SM; ``pdl``: a programmatic dependent launch."""
+    """R m64 blocks per program (64 R columns), BT tokens per program (wgmma's N); ``slots``: the programs an SM holds
+    at once (its registers under Triton 3.6: R 2 BT 16/32 and R 1 BT 64 3, R 1 BT 32 4, R 2 BT 64 2), which split K
+    fills; ``min_groups``: a split leaving a program fewer quantisation groups disqualifies the tile (pick_tile);
+    ``pdl``: a programmatic dependent launch."""
     R: int = 2
     BT: int = 32
-    waves: int = 2
+    slots: int = 3
     pdl: bool = False
+    min_groups: int = 0
+
+
+# (R, BT, G) whose unsplit build (n_split specialised to 1, as every split-1 launch is) kills Triton 3.6's ptxas (CUDA
+# 12.8, SIGSEGV; found building every tile x group x split-1 variant; 3.9's builds it)
+UNBUILDABLE_UNSPLIT = frozenset({(1, 32, 128)})
+
+
+def tile_programs(M: int, N: int, tile: WgmmaTile) -> int:
+    return -(-N // (64 * tile.R)) * -(-M // tile.BT)
 
 
 def tile_split(M: int, N: int, K: int, G: int, tile: WgmmaTile, sms: int) -> int:
-    """Split K in whole groups toward tile.waves programs per SM (splitk.pick_split over this kernel's tiles)."""
-    return pick_split(-(-N // (64 * tile.R)) * -(-M // tile.BT), K // G, tile.waves, sms)
+    """The most whole-group splits of K whose programs still fit one wave of tile.slots per SM (at least 1, no empty
+    split): a program beyond the wave runs after it, a wave left part empty leaves SMs idle (bench/NOTES.md,
+    session 19)."""
+    n_kb = K // G
+    want = max(1, min(tile.slots * sms // tile_programs(M, N, tile), n_kb, MAX_SPLIT_K))
+    per = -(-n_kb // want)
+    return -(-n_kb // per)
+
+
+def buildable(tile: WgmmaTile, G: int, split: int) -> bool:
+    return split > 1 or (tile.R, tile.BT, G) not in UNBUILDABLE_UNSPLIT
+
+
+def pick_tile(tiles: tuple[WgmmaTile, ...], M: int, N: int, K: int, G: int, sms: int) -> tuple[WgmmaTile, int]:
+    """(tile, split) for one GEMM: the first of ``tiles`` whose programs fit one wave, buildable, its split leaving
+    each program at least its min_groups; when none qualifies, the last tile unsplit."""
+    for t in tiles:
+        split = tile_split(M, N, K, G, t, sms)
+        if (tile_programs(M, N, t) <= t.slots * sms and buildable(t, G, split)
+                and (K // G) // split >= t.min_groups):
+            return t, split
+    return tiles[-1], 1
 
 
 def buildable_tile(tile: WgmmaTile, G: int, split: int) -> WgmmaTile:
-    """The tile the launcher builds: R 1 BT 64 at group 64 without split K crashes Triton 3.6's ptxas (CUDA 12.8,
-    SIGSEGV, every bias / PDL variant; 3.9's builds it), so that case takes R 2 BT 32 (within 2 % of it at 48 rows of
-    group 128, bench/NOTES.md session 18)."""
-    if G == 64 and split == 1 and (tile.R, tile.BT) == (1, 64):
-        return replace(tile, R=2, BT=32)
-    return tile
+    """``tile``, or R 2 BT 32 (which builds for every group and split) where ``tile`` cannot build unsplit."""
+    return tile if buildable(tile, G, split) else WgmmaTile(2, 32, 3, tile.pdl)
 
 
 def wgmma_applies(x2: torch.Tensor, weight: QuantizedWeight) -> bool:
@@ -251,17 +279,19 @@ def wgmma_applies(x2: torch.Tensor, weight: QuantizedWeight) -> bool:
 
 
 def w4a16_gemm_wgmma(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None,
-                     tile: WgmmaTile | None = None, split_k: int | None = None) -> torch.Tensor:
-    """x [M, K] fp16 @ dequant(weight) [K, N] (+ bias [N]) -> [M, N] fp16 on wgmma (sm_90)."""
+                     tile: WgmmaTile | tuple[WgmmaTile, ...] | None = None, split_k: int | None = None) -> torch.Tensor:
+    """x [M, K] fp16 @ dequant(weight) [K, N] (+ bias [N]) -> [M, N] fp16 on wgmma (sm_90). ``tile``: one tile, or
+    candidates for pick_tile (the launch table's row); ``split_k`` overrides the split (a tile that cannot build
+    unsplit becomes R 2 BT 32 there)."""
     if not cuda_device(x.device) or torch.cuda.get_device_capability(x.device)[0] != 9:
         raise KernelContractError(f"w4a16_gemm_wgmma runs on sm_90 only (wgmma; Gluon has no interpreter), got {x.device}")
     M, K, N, G, y = register_a_operands("w4a16_gemm_wgmma", x, weight, wgmma_applies(x, weight),
                                         " and N a multiple of 16")
-    tile = tile or WgmmaTile()
     if M == 0:
         return y
     _, sms = device_key(x.device)
-    split = split_k or tile_split(M, N, K, G, tile, sms)
+    tile, split = pick_tile(tile if isinstance(tile, tuple) else (tile or WgmmaTile(),), M, N, K, G, sms)
+    split = split_k or split
     if (safe := buildable_tile(tile, G, split)) is not tile:
         tile, split = safe, split_k or tile_split(M, N, K, G, safe, sms)
     part = split_partials(split, y)
@@ -279,19 +309,26 @@ _SIG = {"x_ptr": "*fp16", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*fp16", 
         "y_ptr": "*fp16", "part_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
         "stride_ym": "i32", "n_split": "i32", "G": "constexpr", "R": "constexpr", "BT": "constexpr",
         "SPLIT": "constexpr", "HAS_BIAS": "constexpr", "PDL": "constexpr"}
-AOT_TILES = (WgmmaTile(2, 32), WgmmaTile(1, 64), WgmmaTile(2, 32, pdl=True), WgmmaTile(2, 16, pdl=True))
+AOT_TILES = (WgmmaTile(2, 32), WgmmaTile(1, 64), WgmmaTile(2, 32, pdl=True), WgmmaTile(2, 16, pdl=True),
+             WgmmaTile(1, 32, 4, pdl=True), WgmmaTile(2, 64, 2, pdl=True), WgmmaTile(1, 64, pdl=True))
 
 
 def aot_configs(cc: int) -> list[AotConfig]:
-    """The tiles above at groups 128 and 32, split and unsplit (sm_90 only: wgmma)."""
+    """The tiles above at groups 128 and 32, split and unsplit (sm_90 only: wgmma). An unsplit build takes n_split as
+    the constant 1, as Triton specialises a launch's 1: a different build from the split one (UNBUILDABLE_UNSPLIT's
+    crash is only there); the unbuildable ones are left out, the launcher never runs them."""
     if cc != 90:
         return []
     out = []
     for t in AOT_TILES:
         for g in (128, 32):
             for split in (1, 4):
-                out.append(AotConfig("w4a16_gemm_wgmma_kernel", dict(_SIG),
-                                     dict(G=g, R=t.R, BT=t.BT, SPLIT=split > 1, HAS_BIAS=split == 1, PDL=t.pdl), 4,
-                                     1, f"w4a16 wgmma R{t.R} BT{t.BT}{' pdl' if t.pdl else ''} g{g} split{split}",
+                if not buildable(t, g, split):
+                    continue
+                sig, const = dict(_SIG), dict(G=g, R=t.R, BT=t.BT, SPLIT=split > 1, HAS_BIAS=split == 1, PDL=t.pdl)
+                if split == 1:
+                    sig["n_split"], const["n_split"] = "constexpr", 1
+                out.append(AotConfig("w4a16_gemm_wgmma_kernel", sig, const, 4, 1,
+                                     f"w4a16 wgmma R{t.R} BT{t.BT}{' pdl' if t.pdl else ''} g{g} split{split}",
                                      divisible_by_16=("N", "K", "stride_xm", "stride_ym")))
     return out

@@ -53,7 +53,7 @@ class ArchTable:
     # registers (gemm_mma.py); ((max_m, MmaTile), ...) ascending, () for tl.dot only
     mma: tuple = ()
     # sm_90: fp16 GEMMs of M above the mma rows up to the last bound run on wgmma with the weight in registers
-    # (gemm_wgmma.py); ((max_m, WgmmaTile), ...) ascending
+    # (gemm_wgmma.py); ((max_m, (WgmmaTile, ...)), ...) ascending, each row's tiles the candidates of pick_tile
     wgmma: tuple = ()
 
 # The GEMV row: 64 columns x 512 inputs per tile, no prefetch, no pipelining, split toward 16 waves
@@ -71,6 +71,11 @@ class ArchTable:
 # the 8-layer models with the triggers 0.3-3% (bench/NOTES.md, session 15).
 # sm_90's 14-16 rows went from mma (MB 1 W 2) to wgmma R 2 BT 16: the four 27B linears summed 130 -> 123 us at 14
 # rows and 139 -> 127 at 16, a tie at 13, mma ahead at 8-12 (bench/NOTES.md, session 18).
+# sm_90's wgmma rows list candidate tiles (gemm_wgmma.pick_tile): each GEMM takes the first whose programs fit one
+# wave of its resident programs, split K filling that wave. Session 19's sweep (every tile x split on the 27B linears,
+# 24-64 rows; bench/NOTES.md) found the wave, not the tile, deciding: a 4-slot R 1 BT 32 for 17-32 rows, a 2-slot
+# R 2 BT 64 for 33-64 where a split keeps 16 groups a program; the 27B's four linears 153 -> 137 us at 32 rows,
+# 230 -> 204 at 48, 238 -> 216 at 64, the 35B-A3B's 43 -> 30 at 32 (H100).
 # sm_70 takes HMMA.884 from 2 rows: its tl.dot GEMM is FMA there and spills, projected (CPU dry run, bench/NOTES.md)
 # at 312 us for 5120 x 17408 at M = 2-6 against 55-57 us on HMMA.884 (the M = 1 GEMV: 55 us).
 TABLES = {
@@ -92,8 +97,10 @@ TABLES = {
         (256, GemmConfig(128, 128, 64, 8, 3)),
         (1 << 30, GemmConfig(256, 128, 64, 8, 4)),
     ), mma=((13, MmaTile(1, 2, 4, pdl=True)),),
-        wgmma=((16, WgmmaTile(2, 16, 2, pdl=True)), (32, WgmmaTile(2, 32, 2, pdl=True)),
-               (64, WgmmaTile(1, 64, 2, pdl=True)))),
+        wgmma=((16, (WgmmaTile(2, 16, 3, pdl=True),)),
+               (32, (WgmmaTile(1, 32, 4, pdl=True), WgmmaTile(2, 32, 3, pdl=True))),
+               (64, (WgmmaTile(2, 64, 2, pdl=True, min_groups=16), WgmmaTile(1, 64, 3, pdl=True),
+                     WgmmaTile(2, 32, 3, pdl=True))))),
 }
 
 

@@ -19,9 +19,10 @@ MODULE = "catengine.kernels.w4a16.gemm_wgmma"
 
 
 def test_gemm_wgmma_compiles_with_only_the_x_buffers_shared():
-    from catengine.kernels.w4a16.gemm_wgmma import AOT_TILES
+    from catengine.kernels.w4a16.gemm_wgmma import AOT_TILES, UNBUILDABLE_UNSPLIT
     results = compile_module(MODULE, 90)
-    assert len(results) == 4 * len(AOT_TILES)
+    left_out = sum((t.R, t.BT, g) in UNBUILDABLE_UNSPLIT for t in AOT_TILES for g in (128, 32))
+    assert len(results) == 4 * len(AOT_TILES) - left_out and left_out
     for r in results:
         t = next(t for t in AOT_TILES if f"R{t.R} BT{t.BT} " in r["name"])
         ks = 4 if " g128 " in r["name"] else 1
@@ -42,26 +43,47 @@ def test_gemm_wgmma_contract():
         w4a16_gemm_wgmma(torch.zeros(32, 256, dtype=torch.float16), w)
 
 
-def test_pick_split_fills_the_chip():
+def test_split_fills_one_wave_of_resident_programs():
     from catengine.kernels.common.splitk import MAX_SPLIT_K
-    from catengine.kernels.w4a16.gemm_wgmma import WgmmaTile, tile_split as pick_split
-    t = WgmmaTile(2, 64, 2)
-    # 27B down at M = 64: 40 column tiles of 128 on 132 SMs -> toward 264 programs, 136 groups: 7 splits of 20
-    assert pick_split(64, 5120, 17408, 128, t, 132) == 7
-    assert pick_split(64, 34816, 5120, 128, t, 132) == 1         # gate_up: 272 tiles already
-    assert pick_split(64, 128, 128, 128, t, 132) == 1            # one group: never an empty split
-    assert pick_split(64, 128, 1 << 20, 32, t, 132) == MAX_SPLIT_K
+    from catengine.kernels.w4a16.gemm_wgmma import WgmmaTile, tile_split
+    t = WgmmaTile(1, 32, 4)
+    # 27B down at 32 rows: 80 column tiles of 64, 4 programs an SM on 132 SMs -> at most 528 programs: 6 splits
+    assert tile_split(32, 5120, 17408, 128, t, 132) == 6
+    assert tile_split(32, 14336, 5120, 128, t, 132) == 2          # qkv: 224 tiles, 448 programs
+    assert tile_split(32, 34816, 5120, 128, t, 132) == 1          # gate_up: 544 tiles, past the wave already
+    assert tile_split(32, 128, 128, 128, t, 132) == 1             # one group: never an empty split
+    assert tile_split(32, 128, 1 << 20, 32, t, 132) == MAX_SPLIT_K
+    # 48 groups toward 9 splits of 40 tiles (R 2 BT 32, 3 an SM): 9 would leave one empty, so 8 of 6 groups
+    assert tile_split(32, 5120, 6144, 128, WgmmaTile(2, 32, 3), 132) == 8
 
 
-def test_group_64_never_builds_the_tile_that_crashes_ptxas_12_8():
-    """Triton 3.6's ptxas dies building R 1 BT 64 for group 64 without split K: the launcher swaps in R 2 BT 32 there
-    and nowhere else."""
-    from catengine.kernels.w4a16.gemm_wgmma import WgmmaTile, buildable_tile
-    t = WgmmaTile(1, 64, 2, pdl=True)
-    assert buildable_tile(t, 64, 1) == WgmmaTile(2, 32, 2, pdl=True)
-    for g, split in ((64, 3), (128, 1), (32, 1)):
-        assert buildable_tile(t, g, split) is t
-    assert buildable_tile(WgmmaTile(2, 32), 64, 1) == WgmmaTile(2, 32)
+def test_pick_tile_takes_the_first_tile_that_fits_a_wave():
+    """The 27B's linears through the sm_90 table rows, as measured best in session 19's sweep (bench/NOTES.md)."""
+    from catengine.kernels.w4a16.gemm_wgmma import WgmmaTile, pick_tile
+    from catengine.kernels.w4a16.launch import TABLES
+    rows = dict(TABLES["sm90"].wgmma)
+    shapes = {"qkv": (5120, 14336), "o_proj": (6144, 5120), "gate_up": (5120, 34816), "down": (17408, 5120)}
+
+    def picked(m, bound):
+        return {name: (t.R, t.BT, s) for name, (k, n) in shapes.items()
+                for t, s in [pick_tile(rows[bound], m, n, k, 128, 132)]}
+    assert picked(32, 32) == {"qkv": (1, 32, 2), "o_proj": (1, 32, 6), "gate_up": (2, 32, 1), "down": (1, 32, 6)}
+    # o_proj: 6 splits of R 2 BT 64 leave 8 groups a program, under its 16: R 1 BT 64; gate_up fits no wave: the last
+    assert picked(64, 64) == {"qkv": (2, 64, 2), "o_proj": (1, 64, 4), "gate_up": (2, 32, 1), "down": (2, 64, 6)}
+    assert pick_tile((WgmmaTile(1, 32, 4), WgmmaTile(2, 32, 3)), 32, 20480, 5120, 128, 132)[0] == WgmmaTile(2, 32, 3)
+
+
+def test_a_tile_that_cannot_build_unsplit_never_launches_unsplit():
+    """Triton 3.6's ptxas dies building R 1 BT 32 for group 128 with n_split the constant 1: pick_tile passes over it
+    (qkv-like 320 tiles would take it unsplit) and the launcher swaps an explicit one for R 2 BT 32."""
+    from catengine.kernels.w4a16.gemm_wgmma import WgmmaTile, buildable, buildable_tile, pick_tile
+    r1 = WgmmaTile(1, 32, 4, pdl=True)
+    assert not buildable(r1, 128, 1) and buildable(r1, 128, 2) and buildable(r1, 64, 1) and buildable(r1, 32, 1)
+    assert buildable_tile(r1, 128, 1) == WgmmaTile(2, 32, 3, pdl=True)
+    assert buildable_tile(r1, 128, 2) is r1 and buildable_tile(r1, 64, 1) is r1
+    t, split = pick_tile((r1, WgmmaTile(2, 32, 3, pdl=True)), 32, 20480, 5120, 128, 132)
+    assert (t.R, split) == (2, 2)
+    assert pick_tile((r1, WgmmaTile(2, 32, 3, pdl=True)), 32, 20480, 5120, 64, 132) == (r1, 1)
 
 
 def test_rows_take_wgmma_past_the_mma_rows(monkeypatch):
@@ -94,7 +116,7 @@ def _sm90():
                                               (40, 384, 256, 2, (2, 64)), (64, 256, 144, None, (2, 64)),
                                               (9, 512, 528, 4, (1, 16)), (50, 384, 1024, None, (4, 32)),
                                               (130, 256, 384, 3, (1, 64)), (33, 1024, 640, 1, (4, 64)), (24, 768, 256, None, (1, 32)),
-                                              (64, 512, 256, 1, (1, 64))],
+                                              (64, 512, 256, 1, (1, 64)), (32, 512, 256, 1, (1, 32, 4))],
                          ids=lambda v: str(v))
 def test_gpu_gemm_wgmma_matches_twin(group, m, k, n, split, tile):
     """M not a multiple of BT, N not a multiple of 64 R (208, 336, 144, 528), explicit and picked split K, several
