@@ -33,12 +33,16 @@ def splitk_reduce_kernel(part_ptr, bias_ptr, y_ptr, M, N, stride_ym, SPLIT_K: tl
     tl.store(y_ptr + i_m * stride_ym + o_n, acc.to(y_ptr.dtype.element_ty), mask=m_n)
 
 
-def pick_split(tiles: int, n_kb: int, waves: int, sms: int) -> int:
-    """Smallest split of n_kb k blocks giving about waves * SMs programs over ``tiles`` output tiles; rounded so no
-    split is empty."""
-    want = max(1, min(-(-waves * sms // tiles), n_kb, MAX_SPLIT_K))
+def whole_split(want: int, n_kb: int) -> int:
+    """``want`` splits of n_kb k blocks, clamped to 1..min(n_kb, MAX_SPLIT_K) and rounded so no split is empty."""
+    want = max(1, min(want, n_kb, MAX_SPLIT_K))
     per = -(-n_kb // want)
     return -(-n_kb // per)
+
+
+def pick_split(tiles: int, n_kb: int, waves: int, sms: int) -> int:
+    """Smallest split of n_kb k blocks giving about waves * SMs programs over ``tiles`` output tiles (whole_split)."""
+    return whole_split(-(-waves * sms // tiles), n_kb)
 
 
 def split_partials(split: int, y: torch.Tensor) -> torch.Tensor:

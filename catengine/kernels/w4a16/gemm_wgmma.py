@@ -33,7 +33,7 @@ from ..common.arch import cuda_device, device_key, pdl_supported
 from ..common.gdc import gdc_launch_dependents, gdc_wait
 from ..common.int4_frag import permute_k
 from ..common.mma884 import cta_barrier
-from ..common.splitk import MAX_SPLIT_K, reduce_splits, split_partials
+from ..common.splitk import reduce_splits, split_partials, whole_split
 from .gemm_mma import (dequant_rows_asm, mma_applies, pick_slot, register_a_operands, store_tile,
                        tile_index)
 from .packing import QuantizedWeight
@@ -246,10 +246,7 @@ def tile_split(M: int, N: int, K: int, G: int, tile: WgmmaTile, sms: int) -> int
     """The most whole-group splits of K whose programs still fit one wave of tile.slots per SM (at least 1, no empty
     split): a program beyond the wave runs after it, a wave left part empty leaves SMs idle (bench/NOTES.md,
     session 19)."""
-    n_kb = K // G
-    want = max(1, min(tile.slots * sms // tile_programs(M, N, tile), n_kb, MAX_SPLIT_K))
-    per = -(-n_kb // want)
-    return -(-n_kb // per)
+    return whole_split(tile.slots * sms // tile_programs(M, N, tile), K // G)
 
 
 def buildable(tile: WgmmaTile, G: int, split: int) -> bool:
