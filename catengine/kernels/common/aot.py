@@ -38,6 +38,9 @@ class AotConfig:
     # integer arguments the launcher guarantees to be multiples of 16 (strides, sizes): Triton specialises
     # on that at run time, and without the hint the AOT build would not be the build that runs
     divisible_by_16: tuple[str, ...] = ()
+    # integer arguments this configuration's launches pass as 1: Triton specialises a 1 into a constant at run time
+    # (a different build from the one with a run-time int), so the AOT build takes them as the constant 1 too
+    ones: tuple[str, ...] = ()
 
 
 def build(module, cfg: AotConfig, cc: int):
@@ -53,7 +56,9 @@ def build(module, cfg: AotConfig, cc: int):
     # torch allocations are 16-byte aligned, so every pointer is specialised as such at run time too
     hinted = [n for n, t in cfg.signature.items() if t.startswith("*") or n in cfg.divisible_by_16]
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in hinted}
-    src = ASTSource(fn=fn, signature=cfg.signature, constexprs=cfg.constexprs, attrs=attrs)
+    signature = {**cfg.signature, **{n: "constexpr" for n in cfg.ones}}
+    src = ASTSource(fn=fn, signature=signature, constexprs={**cfg.constexprs, **{n: 1 for n in cfg.ones}},
+                    attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", cc, 32),
                           options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
 

@@ -360,17 +360,17 @@ def aot_tiles(cc: int) -> tuple:
 
 def aot_configs(cc: int) -> list[AotConfig]:
     """The tiles above at groups 128 and 32, split and unsplit (sm_80 and sm_90 only: mma.sync m16n8k16); unsplit with
-    n_split the constant 1, as Triton specialises a launch's 1."""
+    n_split the constant 1, as launched (AotConfig.ones)."""
     if cc < 80:
         return []
     out = []
     for t in aot_tiles(cc):
         for g in (128, 32):
             for split in (1, 4):
-                sig = dict(_SIG, n_split="constexpr") if split == 1 else dict(_SIG)
-                out.append(AotConfig("w4a16_gemm_mma_kernel", sig,
+                out.append(AotConfig("w4a16_gemm_mma_kernel", dict(_SIG),
                                      dict(G=g, MB=t.MB, W=t.W, SPLIT=split > 1, HAS_BIAS=split == 1,
-                                          PDL=t.pdl, **({"n_split": 1} if split == 1 else {})), t.W, 1,
+                                          PDL=t.pdl), t.W, 1,
                                      f"w4a16 mma MB{t.MB} W{t.W}{' pdl' if t.pdl else ''} g{g} split{split}",
-                                     divisible_by_16=("N", "K", "stride_xm", "stride_ym")))
+                                     divisible_by_16=("N", "K", "stride_xm", "stride_ym"),
+                                     ones=("n_split",) if split == 1 else ()))
     return out

@@ -311,9 +311,8 @@ AOT_TILES = (WgmmaTile(2, 32), WgmmaTile(1, 64), WgmmaTile(2, 32, pdl=True), Wgm
 
 
 def aot_configs(cc: int) -> list[AotConfig]:
-    """The tiles above at groups 128 and 32, split and unsplit (sm_90 only: wgmma). An unsplit build takes n_split as
-    the constant 1, as Triton specialises a launch's 1: a different build from the split one (UNBUILDABLE_UNSPLIT's
-    crash is only there); the unbuildable ones are left out, the launcher never runs them."""
+    """The tiles above at groups 128 and 32, split and unsplit (sm_90 only: wgmma); unsplit with n_split the constant 1
+    as launched (AotConfig.ones: UNBUILDABLE_UNSPLIT's crash is only there), the unbuildable ones left out."""
     if cc != 90:
         return []
     out = []
@@ -322,10 +321,9 @@ def aot_configs(cc: int) -> list[AotConfig]:
             for split in (1, 4):
                 if not buildable(t, g, split):
                     continue
-                sig, const = dict(_SIG), dict(G=g, R=t.R, BT=t.BT, SPLIT=split > 1, HAS_BIAS=split == 1, PDL=t.pdl)
-                if split == 1:
-                    sig["n_split"], const["n_split"] = "constexpr", 1
-                out.append(AotConfig("w4a16_gemm_wgmma_kernel", sig, const, 4, 1,
-                                     f"w4a16 wgmma R{t.R} BT{t.BT}{' pdl' if t.pdl else ''} g{g} split{split}",
-                                     divisible_by_16=("N", "K", "stride_xm", "stride_ym")))
+                out.append(AotConfig("w4a16_gemm_wgmma_kernel", dict(_SIG),
+                                     dict(G=g, R=t.R, BT=t.BT, SPLIT=split > 1, HAS_BIAS=split == 1, PDL=t.pdl), 4,
+                                     1, f"w4a16 wgmma R{t.R} BT{t.BT}{' pdl' if t.pdl else ''} g{g} split{split}",
+                                     divisible_by_16=("N", "K", "stride_xm", "stride_ym"),
+                                     ones=("n_split",) if split == 1 else ()))
     return out
