@@ -14,7 +14,8 @@ columns, where mma.sync's register B fragments served 16.
   the tile, so a lane reads its 2R adjacent columns' codes, scales and zeros in one load per packed row.
 - pipeline: the next group's codes, scales, zeros and x are loaded into registers while this group's wgmmas run
   (asynchronously, each group's KS = G / 32 of them chained); x goes to the other of two shared buffers once it
-  arrives, and one wait + barrier per group frees the buffer this group read.
+  arrives, and one wait + barrier per group frees the buffer this group read. A tile's ``roll`` also waits inside the
+  group (at most ROLL steps in flight), trading some overlap for the registers of one more resident program.
 Tensors of the A side are [4 w, R b, 8 g, 4 t, 2 j, 2 hi, 2 h, 2 e]: the fragment's logical k is 16 j + 8 hi + 2 t + e,
 its physical k within the 32 is 8 t + 2 j + hi + 4 e.
 """
@@ -142,10 +143,13 @@ def store_x(x_smem, buf, xv, BT: gl.constexpr, KS: gl.constexpr):
 @gluon.jit
 def w4a16_gemm_wgmma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_ptr, M, N, K, stride_xm, stride_ym,
                             n_split, G: gl.constexpr, R: gl.constexpr, BT: gl.constexpr, SPLIT: gl.constexpr,
-                            HAS_BIAS: gl.constexpr, PDL: gl.constexpr):
+                            HAS_BIAS: gl.constexpr, PDL: gl.constexpr, ROLL: gl.constexpr):
     """x [M, K] fp16 (stride_xm); y [M, N] fp16, or (SPLIT) fp32 partials [n_split, M, N]. One warpgroup per program:
     64 R columns x BT tokens x one K split. The split count is a run-time value. PDL: as gemm_mma's (the first
-    group's weights requested before the wait, x after it)."""
+    group's weights requested before the wait, x after it). ROLL >= 0: after each k = 32 step but the group's last,
+    wait until at most ROLL wgmma ops are in flight, so ptxas can reuse the finished steps' A registers (R 1 BT 32
+    110 -> 96 registers at ROLL 2, R 1 BT 64 149 -> 128 at 1, R 2 BT 64 232 -> 168 at 0: one more program an SM);
+    -1: no wait before the group's end."""
     if PDL:
         gdc_launch_dependents()
     i_m, i_n, i_s = gl.program_id(0), gl.program_id(1), gl.program_id(2)
@@ -203,6 +207,8 @@ def w4a16_gemm_wgmma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_p
         for ks in gl.static_range(KS):
             a = dequant_a(pick_slot(c_q, ks, KS), c_z, c_s, R, BT)
             acc = warpgroup_mma(a, x_smem.index(buf).slice(ks * BT, BT).permute((1, 0)), acc, is_async=True)
+            if ROLL >= 0 and ks < KS - 1:
+                acc = warpgroup_mma_wait(ROLL, deps=[acc])
         store_x(x_smem, 1 - buf, x_steps(b_x, BT, KS), BT, KS)
         fence_async_shared()
         # all of this group's wgmmas are done before the next group's x overwrites their buffer (keeping one group
@@ -225,17 +231,19 @@ class WgmmaTile:
     """R m64 blocks per program (64 R columns), BT tokens per program (wgmma's N); ``slots``: the programs an SM holds
     at once (its registers under Triton 3.6: R 2 BT 16/32 and R 1 BT 64 3, R 1 BT 32 4, R 2 BT 64 2), which split K
     fills; ``min_groups``: a split leaving a program fewer quantisation groups disqualifies the tile (pick_tile);
-    ``pdl``: a programmatic dependent launch."""
+    ``pdl``: a programmatic dependent launch; ``roll``: the kernel's ROLL (-1 none), fewer registers for one more
+    slot, at some cost to each program (bench/NOTES.md, session 20)."""
     R: int = 2
     BT: int = 32
     slots: int = 3
     pdl: bool = False
     min_groups: int = 0
+    roll: int = -1
 
 
-# (R, BT, G) whose unsplit build (n_split specialised to 1, as every split-1 launch is) kills Triton 3.6's ptxas (CUDA
+# (R, BT, G, roll) whose unsplit build (n_split specialised to 1, as every split-1 launch is) kills Triton 3.6's ptxas (CUDA
 # 12.8, SIGSEGV; found building every tile x group x split-1 variant; 3.9's builds it)
-UNBUILDABLE_UNSPLIT = frozenset({(1, 32, 128)})
+UNBUILDABLE_UNSPLIT = frozenset({(1, 32, 128, -1), (1, 32, 128, 0)})
 
 
 def tile_programs(M: int, N: int, tile: WgmmaTile) -> int:
@@ -250,7 +258,7 @@ def tile_split(M: int, N: int, K: int, G: int, tile: WgmmaTile, sms: int) -> int
 
 
 def buildable(tile: WgmmaTile, G: int, split: int) -> bool:
-    return split > 1 or (tile.R, tile.BT, G) not in UNBUILDABLE_UNSPLIT
+    return split > 1 or (tile.R, tile.BT, G, tile.roll) not in UNBUILDABLE_UNSPLIT
 
 
 def pick_tile(tiles: tuple[WgmmaTile, ...], M: int, N: int, K: int, G: int, sms: int) -> tuple[WgmmaTile, int]:
@@ -297,7 +305,7 @@ def w4a16_gemm_wgmma(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tenso
     pdl = tile.pdl and pdl_supported(x.device)
     w4a16_gemm_wgmma_kernel[grid](x, weight.qweight, weight.scales, weight.zeros, b, y, part, M, N, K, x.stride(0),
                                   y.stride(0), split, G=G, R=tile.R, BT=tile.BT, SPLIT=split > 1,
-                                  HAS_BIAS=bias is not None, PDL=pdl, num_warps=4,
+                                  HAS_BIAS=bias is not None, PDL=pdl, ROLL=tile.roll, num_warps=4,
                                   **({"launch_pdl": True} if pdl else {}))
     return reduce_splits(part, bias, y, split)
 
@@ -305,9 +313,16 @@ def w4a16_gemm_wgmma(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tenso
 _SIG = {"x_ptr": "*fp16", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*fp16", "bias_ptr": "*fp16",
         "y_ptr": "*fp16", "part_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
         "stride_ym": "i32", "n_split": "i32", "G": "constexpr", "R": "constexpr", "BT": "constexpr",
-        "SPLIT": "constexpr", "HAS_BIAS": "constexpr", "PDL": "constexpr"}
-AOT_TILES = (WgmmaTile(2, 32), WgmmaTile(1, 64), WgmmaTile(2, 32, pdl=True), WgmmaTile(2, 16, pdl=True),
-             WgmmaTile(1, 32, 4, pdl=True), WgmmaTile(2, 64, 2, pdl=True), WgmmaTile(1, 64, pdl=True))
+        "SPLIT": "constexpr", "HAS_BIAS": "constexpr", "PDL": "constexpr", "ROLL": "constexpr"}
+# the sm_90 table's tiles (as there: the test checks it) and two without PDL
+AOT_TILES = (WgmmaTile(2, 32), WgmmaTile(1, 64), WgmmaTile(2, 16, pdl=True), WgmmaTile(1, 32, 4, pdl=True),
+             WgmmaTile(1, 32, 5, pdl=True, roll=2), WgmmaTile(2, 32, pdl=True),
+             WgmmaTile(1, 64, 4, pdl=True, min_groups=4, roll=1), WgmmaTile(2, 64, 2, pdl=True, min_groups=16),
+             WgmmaTile(1, 64, pdl=True), WgmmaTile(2, 64, 3, pdl=True, roll=0))
+
+
+def tile_name(t: WgmmaTile) -> str:
+    return f"w4a16 wgmma R{t.R} BT{t.BT}{' pdl' if t.pdl else ''}{f' roll{t.roll}' if t.roll >= 0 else ''}"
 
 
 def aot_configs(cc: int) -> list[AotConfig]:
@@ -322,8 +337,9 @@ def aot_configs(cc: int) -> list[AotConfig]:
                 if not buildable(t, g, split):
                     continue
                 out.append(AotConfig("w4a16_gemm_wgmma_kernel", dict(_SIG),
-                                     dict(G=g, R=t.R, BT=t.BT, SPLIT=split > 1, HAS_BIAS=split == 1, PDL=t.pdl), 4,
-                                     1, f"w4a16 wgmma R{t.R} BT{t.BT}{' pdl' if t.pdl else ''} g{g} split{split}",
+                                     dict(G=g, R=t.R, BT=t.BT, SPLIT=split > 1, HAS_BIAS=split == 1, PDL=t.pdl,
+                                          ROLL=t.roll), 4,
+                                     1, f"{tile_name(t)} g{g} split{split}",
                                      divisible_by_16=("N", "K", "stride_xm", "stride_ym"),
                                      ones=("n_split",) if split == 1 else ()))
     return out

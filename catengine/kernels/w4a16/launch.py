@@ -76,6 +76,12 @@ class ArchTable:
 # 24-64 rows; bench/NOTES.md) found the wave, not the tile, deciding: a 4-slot R 1 BT 32 for 17-32 rows, a 2-slot
 # R 2 BT 64 for 33-64 where a split keeps 16 groups a program; the 27B's four linears 153 -> 137 us at 32 rows,
 # 230 -> 204 at 48, 238 -> 216 at 64, the 35B-A3B's 43 -> 30 at 32 (H100).
+# Session 20: a rolling wait inside each group (WgmmaTile.roll) frees A registers for one more resident program an SM
+# at some cost to each program (qkv at 32 rows 30.5 -> 32.8 us with the same split), so the rolling tiles sit where
+# the extra slot changes the launch: gate_up's 544 R 1 BT 32 programs fit 5 an SM (32 rows 59.4 -> 56.3 us), and at
+# 33-64 rows R 1 BT 64 at 4 an SM splits o_proj / down 6 ways, R 2 BT 64 at 3 holds gate_up in one wave; the 27B's
+# four linears 220 -> 201 us at 64 rows, 207 -> 185 at 48 (H100, alternated; the 35B-A3B's small linears, which a
+# split would leave under 4 groups a program, keep R 1 BT 64).
 # sm_70 takes HMMA.884 from 2 rows: its tl.dot GEMM is FMA there and spills, projected (CPU dry run, bench/NOTES.md)
 # at 312 us for 5120 x 17408 at M = 2-6 against 55-57 us on HMMA.884 (the M = 1 GEMV: 55 us).
 TABLES = {
@@ -98,8 +104,10 @@ TABLES = {
         (1 << 30, GemmConfig(256, 128, 64, 8, 4)),
     ), mma=((13, MmaTile(1, 2, 4, pdl=True)),),
         wgmma=((16, (WgmmaTile(2, 16, 3, pdl=True),)),
-               (32, (WgmmaTile(1, 32, 4, pdl=True), WgmmaTile(2, 32, 3, pdl=True))),
-               (64, (WgmmaTile(2, 64, 2, pdl=True, min_groups=16), WgmmaTile(1, 64, 3, pdl=True),
+               (32, (WgmmaTile(1, 32, 4, pdl=True), WgmmaTile(1, 32, 5, pdl=True, roll=2),
+                     WgmmaTile(2, 32, 3, pdl=True))),
+               (64, (WgmmaTile(1, 64, 4, pdl=True, min_groups=4, roll=1), WgmmaTile(2, 64, 2, pdl=True, min_groups=16),
+                     WgmmaTile(1, 64, 3, pdl=True), WgmmaTile(2, 64, 3, pdl=True, roll=0),
                      WgmmaTile(2, 32, 3, pdl=True))))),
 }
 

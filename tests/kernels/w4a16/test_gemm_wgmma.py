@@ -19,16 +19,23 @@ MODULE = "catengine.kernels.w4a16.gemm_wgmma"
 
 
 def test_gemm_wgmma_compiles_with_only_the_x_buffers_shared():
-    from catengine.kernels.w4a16.gemm_wgmma import AOT_TILES, UNBUILDABLE_UNSPLIT
+    from catengine.kernels.w4a16.gemm_wgmma import AOT_TILES, UNBUILDABLE_UNSPLIT, tile_name
+    from catengine.kernels.w4a16.launch import TABLES
     results = compile_module(MODULE, 90)
-    left_out = sum((t.R, t.BT, g) in UNBUILDABLE_UNSPLIT for t in AOT_TILES for g in (128, 32))
+    left_out = sum((t.R, t.BT, g, t.roll) in UNBUILDABLE_UNSPLIT for t in AOT_TILES for g in (128, 32))
     assert len(results) == 4 * len(AOT_TILES) - left_out and left_out
     for r in results:
-        t = next(t for t in AOT_TILES if f"R{t.R} BT{t.BT} " in r["name"])
+        t = next(t for t in AOT_TILES if r["name"].startswith(tile_name(t) + " g"))
         ks = 4 if " g128 " in r["name"] else 1
         # two x buffers of KS steps of BT x 32 fp16: anything more would be a layout conversion through shared memory
         assert r["gluon"] and r["wgmma"] and not r["stack"], r
         assert r["shared"] == 2 * ks * t.BT * 32 * 2, r
+        # the programs an SM that tile_split fills must be resident at once: 64 K registers an SM, granted a warp at a
+        # time in units of 8 a thread (group 128, the checkpoints' size; smaller groups take fewer registers)
+        if " g128 " in r["name"]:
+            assert 65536 // (128 * -(-r["registers"] // 8) * 8) >= t.slots, r
+    table = {t for _, row in TABLES["sm90"].wgmma for t in row}
+    assert table <= set(AOT_TILES), table - set(AOT_TILES)
 
 
 def test_gemm_wgmma_builds_for_sm90_only():
@@ -58,18 +65,24 @@ def test_split_fills_one_wave_of_resident_programs():
 
 
 def test_pick_tile_takes_the_first_tile_that_fits_a_wave():
-    """The 27B's linears through the sm_90 table rows, as measured best in session 19's sweep (bench/NOTES.md)."""
+    """The 27B's and 35B-A3B's linears through the sm_90 table rows, as measured best in sessions 19-20 (bench/NOTES.md):
+    (R, BT, roll, split)."""
     from catengine.kernels.w4a16.gemm_wgmma import WgmmaTile, pick_tile
     from catengine.kernels.w4a16.launch import TABLES
     rows = dict(TABLES["sm90"].wgmma)
-    shapes = {"qkv": (5120, 14336), "o_proj": (6144, 5120), "gate_up": (5120, 34816), "down": (17408, 5120)}
+    shapes = {"qkv": (5120, 14336), "o_proj": (6144, 5120), "gate_up": (5120, 34816), "down": (17408, 5120),
+              "35B out": (4096, 2048), "35B shared gate_up": (2048, 1024)}
 
     def picked(m, bound):
-        return {name: (t.R, t.BT, s) for name, (k, n) in shapes.items()
+        return {name: (t.R, t.BT, t.roll, s) for name, (k, n) in shapes.items()
                 for t, s in [pick_tile(rows[bound], m, n, k, 128, 132)]}
-    assert picked(32, 32) == {"qkv": (1, 32, 2), "o_proj": (1, 32, 6), "gate_up": (2, 32, 1), "down": (1, 32, 6)}
-    # o_proj: 6 splits of R 2 BT 64 leave 8 groups a program, under its 16: R 1 BT 64; gate_up fits no wave: the last
-    assert picked(64, 64) == {"qkv": (2, 64, 2), "o_proj": (1, 64, 4), "gate_up": (2, 32, 1), "down": (2, 64, 6)}
+    # gate_up's 544 R 1 BT 32 programs pass 4 an SM's wave and fit the rolling loop's 5
+    assert picked(32, 32) == {"qkv": (1, 32, -1, 2), "o_proj": (1, 32, -1, 6), "gate_up": (1, 32, 2, 1),
+                              "down": (1, 32, -1, 6), "35B out": (1, 32, -1, 16), "35B shared gate_up": (1, 32, -1, 16)}
+    # the rolling R 1 BT 64 (4 an SM) splits o_proj and down 6 ways where R 1 BT 64 stopped at 4; gate_up fits only
+    # the rolling R 2 BT 64's 3 an SM; the 35B-A3B's small linears would keep under 4 groups a program: R 1 BT 64
+    assert picked(64, 64) == {"qkv": (1, 64, 1, 2), "o_proj": (1, 64, 1, 6), "gate_up": (2, 64, 0, 1),
+                              "down": (1, 64, 1, 6), "35B out": (1, 64, -1, 11), "35B shared gate_up": (1, 64, -1, 16)}
     assert pick_tile((WgmmaTile(1, 32, 4), WgmmaTile(2, 32, 3)), 32, 20480, 5120, 128, 132)[0] == WgmmaTile(2, 32, 3)
 
 
@@ -116,7 +129,16 @@ def _sm90():
                                               (40, 384, 256, 2, (2, 64)), (64, 256, 144, None, (2, 64)),
                                               (9, 512, 528, 4, (1, 16)), (50, 384, 1024, None, (4, 32)),
                                               (130, 256, 384, 3, (1, 64)), (33, 1024, 640, 1, (4, 64)), (24, 768, 256, None, (1, 32)),
-                                              (64, 512, 256, 1, (1, 64)), (32, 512, 256, 1, (1, 32, 4))],
+                                              (64, 512, 256, 1, (1, 64)), (32, 512, 256, 1, (1, 32, 4)),
+                                              # a rolling wait inside the group (roll: wgmma ops left in flight)
+                                              (32, 512, 336, None, (1, 32, 5, True, 0, 2)),
+                                              (17, 256, 208, 1, (1, 32, 5, True, 0, 2)),
+                                              (40, 384, 256, 2, (2, 64, 3, True, 0, 0)),
+                                              (64, 256, 400, 1, (2, 64, 3, True, 0, 0)),
+                                              (9, 512, 528, 4, (2, 16, 4, True, 0, 1)),
+                                              (64, 512, 256, 1, (1, 64, 4, True, 0, 1)),
+                                              (50, 1024, 192, 5, (1, 64, 4, True, 4, 1)),
+                                              (24, 768, 256, 3, (1, 32, 5, False, 0, 0))],
                          ids=lambda v: str(v))
 def test_gpu_gemm_wgmma_matches_twin(group, m, k, n, split, tile):
     """M not a multiple of BT, N not a multiple of 64 R (208, 336, 144, 528), explicit and picked split K, several
