@@ -35,7 +35,8 @@ def use_variant(name: str, base: launch.ArchTable) -> None:
     pdl = name in ("gemm", "all")
     launch.TABLES["sm90"] = dataclasses.replace(
         base, mma=tuple((b, dataclasses.replace(t, pdl=pdl)) for b, t in base.mma),
-        wgmma=tuple((b, dataclasses.replace(t, pdl=pdl)) for b, t in base.wgmma))
+        wgmma=tuple((b, tuple(dataclasses.replace(t, pdl=pdl) for t in ts)) for b, ts in base.wgmma),
+        wgmma_split=tuple((b, tuple(dataclasses.replace(t, pdl=pdl) for t in ts)) for b, ts in base.wgmma_split))
     trigger = arch.pdl_supported if name == "all" else (lambda device: False)
     norm_rope.pdl_supported = trigger
     splitk.pdl_supported = trigger

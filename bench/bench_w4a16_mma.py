@@ -79,12 +79,12 @@ def main():
     ms = [int(v) for v in a.ms.split(",")]
     print(device_header())
     bw = copy_bandwidth_gbs()
-    key, _ = w4a16.device_key("cuda")
+    key, sms = w4a16.device_key("cuda")
     table = w4a16.TABLES[key]
     picked = sweep(ms, a.deadline) if a.sweep else {}
     picked_wg = (sweep(ms, a.deadline, WGMMA_CANDIDATES, w4a16_gemm_wgmma, "gemm_wgmma")
                  if a.wgmma_sweep and torch.cuda.get_device_capability()[0] == 9 else {})
-    old = dataclasses.replace(table, mma=(), wgmma=())
+    old = dataclasses.replace(table, mma=(), wgmma=(), wgmma_split=())
     rows = []
     for name, k, n in DENSE:
         ws = [random_qweight(k, n, torch.float16, i) for i in range(copies_for(qbytes(k, n)))]
@@ -103,7 +103,8 @@ def main():
             ref = x.float() @ wf
             err = ((w4a16.fused_w4a16_linear(x, ws[0]).float() - ref).norm() / ref.norm()).item()
             nbytes = qbytes(k, n) + 2 * m * (k + n)
-            path = ("GEMV" if m <= table.gemv_max_m else "mma" if w4a16.mma_tile(table, m, x, ws[0])
+            path = ("GEMV" if m <= table.gemv_max_m else "wgmma (split)" if w4a16.split_wgmma_tile(table, m, x, ws[0], sms)
+                    else "mma" if w4a16.mma_tile(table, m, x, ws[0])
                     else "wgmma" if w4a16.wgmma_tile(table, m, x, ws[0]) else "tl.dot")
             rows.append([name, m, path, ours * 1e3, nbytes / ours / 1e6 / bw, before * 1e3, before / ours,
                          peer * 1e3, peer / ours, swept * 1e3 if swept else "-", str(tile) if tile else "-",

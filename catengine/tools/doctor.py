@@ -179,7 +179,10 @@ def _matmul_path(op: str, row: int, dot: str) -> str:
         lo = t.gemv_max_m + 1
         if t.mma:
             top = t.mma[-1][0]
-            parts.append(f"M {lo}-{top}: mma.sync m16n8k16 Gluon (fp16, groups 32/64/128; else {dot})")
+            rows = t.wgmma_split
+            split = "".join(f"; M {rows[i - 1][0] + 1 if i else lo}-{b}: wgmma where its pick splits K"
+                            for i, (b, ts) in enumerate(rows) if ts)
+            parts.append(f"M {lo}-{top}: mma.sync m16n8k16 Gluon (fp16, groups 32/64/128; else {dot}{split})")
             lo = top + 1
         if t.wgmma:
             top = t.wgmma[-1][0]

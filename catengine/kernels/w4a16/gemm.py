@@ -23,7 +23,8 @@ On sm_80/90, fp16 GEMMs of gemv_max_m < M <= the row's ``mma`` bound go to ``w4a
 Gluon, mma.sync m16n8k16 with the weight dequantised in registers as the A operand): on the H100 it beat this
 module's tl.dot GEMM 1.2-1.5x at M = 4-16 and lost above 24 rows (bench/NOTES.md), hence the bound. On sm_90 the
 rows above it up to the ``wgmma`` bound go to ``w4a16_gemm_wgmma`` (gemm_wgmma.py: the same registers as wgmma's A
-operand, x from shared memory): 1.3x the mma kernel at 24 rows and 1.3x tl.dot at 32 on the H100.
+operand, x from shared memory): 1.3x the mma kernel at 24 rows and 1.3x tl.dot at 32 on the H100. Inside the mma
+rows, the ``wgmma_split`` row sends a GEMM to wgmma when its pick there splits K (a long K over few columns).
 On the sm_70 row, fp16 GEMMs from ``hmma_min_m`` rows on go to ``w4a16_gemm_sm70`` (gemm_sm70.py: Gluon,
 HMMA.884), since Triton >= 3.3 lowers ``tl.dot`` to FMA there; ``_w4a16_gemm_kernel`` stays for sm_80/90, for
 what the HMMA kernel does not tile, and as its twin in the interpreter (which runs no Gluon).
@@ -49,7 +50,7 @@ from .packing import QuantizedWeight
 from .gemv import w4a16_gemv_kernel
 from .gemm_sm70 import w4a16_gemm_sm70
 from .gemm_mma import MmaTile, mma_applies, pick_mma_tile, w4a16_gemm_mma
-from .gemm_wgmma import WgmmaTile, w4a16_gemm_wgmma, wgmma_applies
+from .gemm_wgmma import WgmmaTile, pick_tile, w4a16_gemm_wgmma, wgmma_applies
 from .launch import TABLES, ArchTable, block_k, gemv_rows_per_program, gemv_tile, split_counters
 
 
@@ -187,6 +188,15 @@ def wgmma_tile(table: ArchTable, m: int, x2, weight: QuantizedWeight) -> tuple[W
     return pick_mma_tile(table.wgmma, m)
 
 
+def split_wgmma_tile(table: ArchTable, m: int, x2, weight: QuantizedWeight, sms: int) -> tuple[WgmmaTile, int] | None:
+    """(tile, split) in the mma rows when the table's ``wgmma_split`` row takes m and its wgmma pick splits K (a long
+    K over few columns, where wgmma's extra programs beat the mma tile); else None (the mma tile runs)."""
+    if INTERPRET or not wgmma_applies(x2, weight) or not (tiles := pick_mma_tile(table.wgmma_split, m)):
+        return None
+    tile, split = pick_tile(tiles, m, weight.out_features, weight.in_features, weight.group_size, sms)
+    return (tile, split) if split > 1 else None
+
+
 def fused_w4a16_linear(x, weight: QuantizedWeight, bias=None):
     """Triton twin of :func:`catengine.kernels.w4a16.naive.w4a16_linear`."""
     check_input(x, weight)
@@ -230,6 +240,8 @@ def fused_w4a16_linear(x, weight: QuantizedWeight, bias=None):
             return y.reshape(*lead, n)
     elif hmma_applies(table, m, x2, weight):
         return w4a16_gemm_sm70(x2, weight, bias).reshape(*lead, n)
+    elif (pick := split_wgmma_tile(table, m, x2, weight, sms)) is not None:
+        return w4a16_gemm_wgmma(x2, weight, bias, *pick).reshape(*lead, n)
     elif (tile := mma_tile(table, m, x2, weight)) is not None:
         return w4a16_gemm_mma(x2, weight, bias, tile).reshape(*lead, n)
     elif (tile := wgmma_tile(table, m, x2, weight)) is not None:

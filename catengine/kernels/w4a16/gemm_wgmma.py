@@ -318,7 +318,7 @@ _SIG = {"x_ptr": "*fp16", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*fp16", 
 AOT_TILES = (WgmmaTile(2, 32), WgmmaTile(1, 64), WgmmaTile(2, 16, pdl=True), WgmmaTile(1, 32, 4, pdl=True),
              WgmmaTile(1, 32, 5, pdl=True, roll=2), WgmmaTile(2, 32, pdl=True),
              WgmmaTile(1, 64, 4, pdl=True, min_groups=4, roll=1), WgmmaTile(2, 64, 2, pdl=True, min_groups=16),
-             WgmmaTile(1, 64, pdl=True), WgmmaTile(2, 64, 3, pdl=True, roll=0))
+             WgmmaTile(1, 64, pdl=True), WgmmaTile(2, 64, 3, pdl=True, roll=0), WgmmaTile(2, 16, 4, pdl=True, roll=1))
 
 
 def tile_name(t: WgmmaTile) -> str:

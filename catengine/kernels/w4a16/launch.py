@@ -55,6 +55,9 @@ class ArchTable:
     # sm_90: fp16 GEMMs of M above the mma rows up to the last bound run on wgmma with the weight in registers
     # (gemm_wgmma.py); ((max_m, (WgmmaTile, ...)), ...) ascending, each row's tiles the candidates of pick_tile
     wgmma: tuple = ()
+    # sm_90, inside the mma rows: ((max_m, (WgmmaTile, ...)), ...) as ``wgmma``; a GEMM whose wgmma pick there splits K
+    # runs on wgmma instead of mma (an empty tuple: never)
+    wgmma_split: tuple = ()
 
 # The GEMV row: 64 columns x 512 inputs per tile, no prefetch, no pipelining, split toward 16 waves
 # (measured on the H200; sm_80 and sm_70 take it unmeasured, with M = 1 only, no PDL: griddepcontrol
@@ -82,6 +85,9 @@ class ArchTable:
 # 33-64 rows R 1 BT 64 at 4 an SM splits o_proj / down 6 ways, R 2 BT 64 at 3 holds gate_up in one wave; the 27B's
 # four linears 220 -> 201 us at 64 rows, 207 -> 185 at 48 (H100, alternated; the 35B-A3B's small linears, which a
 # split would leave under 4 groups a program, keep R 1 BT 64).
+# In the mma rows (8-13 of them), R 2 BT 16 with a roll beat the mma tile wherever its pick splits K (the 27B's qkv /
+# o_proj / down at 12 rows 1.08 / 1.22 / 1.09x, the 35B-A3B's four linears at 8 rows 1.04-1.28x) and lost where it
+# does not (gate_up, 544 programs unsplit: 0.80x), so the wgmma_split row takes it only for a split pick (session 20).
 # sm_70 takes HMMA.884 from 2 rows: its tl.dot GEMM is FMA there and spills, projected (CPU dry run, bench/NOTES.md)
 # at 312 us for 5120 x 17408 at M = 2-6 against 55-57 us on HMMA.884 (the M = 1 GEMV: 55 us).
 TABLES = {
@@ -103,6 +109,7 @@ TABLES = {
         (256, GemmConfig(128, 128, 64, 8, 3)),
         (1 << 30, GemmConfig(256, 128, 64, 8, 4)),
     ), mma=((13, MmaTile(1, 2, 4, pdl=True)),),
+        wgmma_split=((7, ()), (13, (WgmmaTile(2, 16, 4, pdl=True, roll=1),))),
         wgmma=((16, (WgmmaTile(2, 16, 3, pdl=True),)),
                (32, (WgmmaTile(1, 32, 4, pdl=True), WgmmaTile(1, 32, 5, pdl=True, roll=2),
                      WgmmaTile(2, 32, 3, pdl=True))),

@@ -34,7 +34,7 @@ def test_gemm_wgmma_compiles_with_only_the_x_buffers_shared():
         # time in units of 8 a thread (group 128, the checkpoints' size; smaller groups take fewer registers)
         if " g128 " in r["name"]:
             assert 65536 // (128 * -(-r["registers"] // 8) * 8) >= t.slots, r
-    table = {t for _, row in TABLES["sm90"].wgmma for t in row}
+    table = {t for _, row in TABLES["sm90"].wgmma + TABLES["sm90"].wgmma_split for t in row}
     assert table <= set(AOT_TILES), table - set(AOT_TILES)
 
 
@@ -116,6 +116,25 @@ def test_rows_take_wgmma_past_the_mma_rows(monkeypatch):
     assert gemm.wgmma_tile(table, top, x[:top].bfloat16(), w) is None
     assert gemm.wgmma_tile(table, top, x[:top], make_qweight(256, 72, 64, torch.float16)) is None    # N % 16
     assert not gemm.TABLES["sm80"].wgmma and not gemm.TABLES["sm70"].wgmma
+
+
+def test_mma_rows_take_wgmma_where_its_pick_splits(monkeypatch):
+    """sm_90's wgmma_split row: in the mma rows from 8 on, a GEMM whose wgmma pick splits K (long K, few columns) runs
+    on wgmma, one it would not split (the 27B gate_up: 272 R 2 BT 16 tiles leave no room for a second split) keeps mma;
+    none below 8 rows, on sm_80, in the interpreter or for bf16."""
+    from catengine.kernels.w4a16 import gemm
+    table = gemm.TABLES["sm90"]
+    o_proj, gate_up = make_qweight(6144, 5120, 128, torch.float16), make_qweight(5120, 34816, 128, torch.float16)
+    x = {k: torch.zeros(16, k, dtype=torch.float16) for k in (5120, 6144)}
+    assert gemm.split_wgmma_tile(table, 8, x[6144][:8], o_proj, 132) is None           # the interpreter runs this test
+    monkeypatch.setattr(gemm, "INTERPRET", False)
+    tile, split = gemm.split_wgmma_tile(table, 8, x[6144][:8], o_proj, 132)
+    assert (tile.R, tile.BT, tile.roll, split) == (2, 16, 1, 12)
+    assert gemm.split_wgmma_tile(table, 13, x[6144][:13], o_proj, 132) is not None
+    assert gemm.split_wgmma_tile(table, 8, x[5120][:8], gate_up, 132) is None
+    assert gemm.split_wgmma_tile(table, 7, x[6144][:7], o_proj, 132) is None
+    assert gemm.split_wgmma_tile(table, 8, x[6144][:8].bfloat16(), o_proj, 132) is None
+    assert gemm.split_wgmma_tile(gemm.TABLES["sm80"], 8, x[6144][:8], o_proj, 132) is None
 
 
 # ----------------------------------------------------------------------------- GPU

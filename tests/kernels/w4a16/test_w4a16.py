@@ -268,7 +268,8 @@ def test_gpu_dependent_chain(monkeypatch, m, pdl):
     monkeypatch.setitem(w4a16.TABLES, "sm90", dataclasses.replace(
         tab, gemv=dataclasses.replace(tab.gemv, pdl=pdl),
         mma=tuple((b, dataclasses.replace(t, pdl=pdl)) for b, t in tab.mma),
-        wgmma=tuple((b, tuple(dataclasses.replace(t, pdl=pdl) for t in ts)) for b, ts in tab.wgmma)))
+        wgmma=tuple((b, tuple(dataclasses.replace(t, pdl=pdl) for t in ts)) for b, ts in tab.wgmma),
+        wgmma_split=tuple((b, tuple(dataclasses.replace(t, pdl=pdl) for t in ts)) for b, ts in tab.wgmma_split)))
     k = 4096
     ws = [make_qweight(k, k, 128, torch.float16, device="cuda", seed=i) for i in range(4)]
     x = torch.randn(m, k, device="cuda", dtype=torch.float16)
@@ -322,7 +323,8 @@ def test_gpu_pdl_mlp_block_is_bitwise_the_same(monkeypatch, m):
         monkeypatch.setitem(w4a16.TABLES, "sm90", dataclasses.replace(
             tab, gemv=dataclasses.replace(tab.gemv, pdl=pdl),
             mma=tuple((b, dataclasses.replace(t, pdl=pdl)) for b, t in tab.mma),
-            wgmma=tuple((b, tuple(dataclasses.replace(t, pdl=pdl) for t in ts)) for b, ts in tab.wgmma)))
+            wgmma=tuple((b, tuple(dataclasses.replace(t, pdl=pdl) for t in ts)) for b, ts in tab.wgmma),
+            wgmma_split=tuple((b, tuple(dataclasses.replace(t, pdl=pdl) for t in ts)) for b, ts in tab.wgmma_split)))
         monkeypatch.setattr(norm_rope, "pdl_supported", lambda d, on=pdl: on)
         monkeypatch.setattr(splitk, "pdl_supported", lambda d, on=pdl: on)
         block()
