@@ -15,7 +15,6 @@ GPU tests check that bit for bit).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import time
 
 import torch
@@ -33,10 +32,7 @@ def use_variant(name: str, base: launch.ArchTable) -> None:
     """Set the sm_90 table's GEMM tiles and the row ops' triggers for one variant (module state of this process:
     a benchmark's switch, the way bench_gemm.py's sweeps patch the table)."""
     pdl = name in ("gemm", "all")
-    launch.TABLES["sm90"] = dataclasses.replace(
-        base, mma=tuple((b, dataclasses.replace(t, pdl=pdl)) for b, t in base.mma),
-        wgmma=tuple((b, tuple(dataclasses.replace(t, pdl=pdl) for t in ts)) for b, ts in base.wgmma),
-        wgmma_split=tuple((b, tuple(dataclasses.replace(t, pdl=pdl) for t in ts)) for b, ts in base.wgmma_split))
+    launch.TABLES["sm90"] = launch.with_gemm_pdl(base, pdl)
     trigger = arch.pdl_supported if name == "all" else (lambda device: False)
     norm_rope.pdl_supported = trigger
     splitk.pdl_supported = trigger

@@ -3,7 +3,7 @@ the tile arithmetic derived from it: split K, the GEMV's rows per tile and per t
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -117,6 +117,15 @@ TABLES = {
                      WgmmaTile(1, 64, 3, pdl=True), WgmmaTile(2, 64, 3, pdl=True, roll=0),
                      WgmmaTile(2, 32, 3, pdl=True))))),
 }
+
+
+def with_gemm_pdl(table: ArchTable, pdl: bool) -> ArchTable:
+    """``table`` with every mma and wgmma tile's programmatic dependent launch set to ``pdl`` (the GEMV's is its own
+    field): how the PDL tests and bench/bench_pdl.py switch it."""
+    def rows(entry):
+        return tuple((b, tuple(replace(t, pdl=pdl) for t in ts)) for b, ts in entry)
+    return replace(table, mma=tuple((b, replace(t, pdl=pdl)) for b, t in table.mma), wgmma=rows(table.wgmma),
+                   wgmma_split=rows(table.wgmma_split))
 
 
 def split_counters(weight: QuantizedWeight, needed: int, size: int):

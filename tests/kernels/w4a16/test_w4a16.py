@@ -266,10 +266,7 @@ def test_gpu_dependent_chain(monkeypatch, m, pdl):
         pytest.skip("programmatic dependent launch needs sm_90 (the only table row that uses it)")
     tab = w4a16.TABLES["sm90"]
     monkeypatch.setitem(w4a16.TABLES, "sm90", dataclasses.replace(
-        tab, gemv=dataclasses.replace(tab.gemv, pdl=pdl),
-        mma=tuple((b, dataclasses.replace(t, pdl=pdl)) for b, t in tab.mma),
-        wgmma=tuple((b, tuple(dataclasses.replace(t, pdl=pdl) for t in ts)) for b, ts in tab.wgmma),
-        wgmma_split=tuple((b, tuple(dataclasses.replace(t, pdl=pdl) for t in ts)) for b, ts in tab.wgmma_split)))
+        launch.with_gemm_pdl(tab, pdl), gemv=dataclasses.replace(tab.gemv, pdl=pdl)))
     k = 4096
     ws = [make_qweight(k, k, 128, torch.float16, device="cuda", seed=i) for i in range(4)]
     x = torch.randn(m, k, device="cuda", dtype=torch.float16)
@@ -321,10 +318,7 @@ def test_gpu_pdl_mlp_block_is_bitwise_the_same(monkeypatch, m):
     outs = {}
     for pdl in (True, False):
         monkeypatch.setitem(w4a16.TABLES, "sm90", dataclasses.replace(
-            tab, gemv=dataclasses.replace(tab.gemv, pdl=pdl),
-            mma=tuple((b, dataclasses.replace(t, pdl=pdl)) for b, t in tab.mma),
-            wgmma=tuple((b, tuple(dataclasses.replace(t, pdl=pdl) for t in ts)) for b, ts in tab.wgmma),
-            wgmma_split=tuple((b, tuple(dataclasses.replace(t, pdl=pdl) for t in ts)) for b, ts in tab.wgmma_split)))
+            launch.with_gemm_pdl(tab, pdl), gemv=dataclasses.replace(tab.gemv, pdl=pdl)))
         monkeypatch.setattr(norm_rope, "pdl_supported", lambda d, on=pdl: on)
         monkeypatch.setattr(splitk, "pdl_supported", lambda d, on=pdl: on)
         block()
