@@ -123,7 +123,8 @@ def test_h200_rows_and_the_switch(monkeypatch):
                                                         "(tensor cores)")
     assert report["ops"]["w4a16_linear"]["path"].startswith("M <= 2: GEMV on CUDA cores; M 3-13: mma.sync m16n8k16 "
                                                             "Gluon (fp16, groups 32/64/128; else tl.dot (tensor cores); "
-                                                            "M 8-13: wgmma where its pick splits K); M 14-64: wgmma Gluon (fp16, groups 32/64/128, N % 16 == 0; "
+                                                            "M 8-13: wgmma where its pick splits K); "
+                                                            "M 14-64: wgmma Gluon (fp16, groups 32/64/128, N % 16 == 0; "
                                                             "else tl.dot (tensor cores)); M 65-255: tl.dot (tensor cores)")
     assert report["ops"]["paged_attention"]["path"] == "tl.dot (tensor cores)"
     monkeypatch.setattr(arch, "ARCH_OVERRIDE", "70")

@@ -191,7 +191,7 @@ def wgmma_tile(table: ArchTable, m: int, x2, weight: QuantizedWeight) -> tuple[W
 def split_wgmma_tile(table: ArchTable, m: int, x2, weight: QuantizedWeight, sms: int) -> tuple[WgmmaTile, int] | None:
     """(tile, split) in the mma rows when the table's ``wgmma_split`` row takes m and its wgmma pick splits K (a long
     K over few columns, where wgmma's extra programs beat the mma tile); else None (the mma tile runs)."""
-    if INTERPRET or not wgmma_applies(x2, weight) or not (tiles := pick_mma_tile(table.wgmma_split, m)):
+    if not (tiles := pick_mma_tile(table.wgmma_split, m)) or INTERPRET or not wgmma_applies(x2, weight):
         return None
     tile, split = pick_tile(tiles, m, weight.out_features, weight.in_features, weight.group_size, sms)
     return (tile, split) if split > 1 else None

@@ -229,8 +229,7 @@ def w4a16_gemm_wgmma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_p
 @dataclass(frozen=True)
 class WgmmaTile:
     """R m64 blocks per program (64 R columns), BT tokens per program (wgmma's N); ``slots``: the programs an SM holds
-    at once (its registers under Triton 3.6: R 2 BT 16/32 and R 1 BT 64 3, R 1 BT 32 4, R 2 BT 64 2), which split K
-    fills; ``min_groups``: a split leaving a program fewer quantisation groups disqualifies the tile (pick_tile);
+    at once, which split K fills (set by the build's registers at group 128: the AOT test checks each table tile's); ``min_groups``: a split leaving a program fewer quantisation groups disqualifies the tile (pick_tile);
     ``pdl``: a programmatic dependent launch; ``roll``: the kernel's ROLL (-1 none), fewer registers for one more
     slot, at some cost to each program (bench/NOTES.md, session 20)."""
     R: int = 2
