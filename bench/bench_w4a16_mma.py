@@ -103,7 +103,8 @@ def main():
             ref = x.float() @ wf
             err = ((w4a16.fused_w4a16_linear(x, ws[0]).float() - ref).norm() / ref.norm()).item()
             nbytes = qbytes(k, n) + 2 * m * (k + n)
-            path = ("GEMV" if m <= table.gemv_max_m else "wgmma (split)" if w4a16.split_wgmma_tile(table, m, x, ws[0], sms)
+            path = ("GEMV" if m <= table.gemv_max_m
+                    else "wgmma (split)" if w4a16.split_wgmma_tile(table, m, x, ws[0], sms)
                     else "mma" if w4a16.mma_tile(table, m, x, ws[0])
                     else "wgmma" if w4a16.wgmma_tile(table, m, x, ws[0]) else "tl.dot")
             rows.append([name, m, path, ours * 1e3, nbytes / ours / 1e6 / bw, before * 1e3, before / ours,

@@ -229,7 +229,8 @@ def w4a16_gemm_wgmma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, part_p
 @dataclass(frozen=True)
 class WgmmaTile:
     """R m64 blocks per program (64 R columns), BT tokens per program (wgmma's N); ``slots``: the programs an SM holds
-    at once, which split K fills (set by the build's registers at group 128: the AOT test checks each table tile's); ``min_groups``: a split leaving a program fewer quantisation groups disqualifies the tile (pick_tile);
+    at once, which split K fills (set by the build's registers at group 128: the AOT test checks each table tile's);
+    ``min_groups``: a split leaving a program fewer quantisation groups disqualifies the tile (pick_tile);
     ``pdl``: a programmatic dependent launch; ``roll``: the kernel's ROLL (-1 none), fewer registers for one more
     slot, at some cost to each program (bench/NOTES.md, session 20)."""
     R: int = 2
@@ -240,8 +241,8 @@ class WgmmaTile:
     roll: int = -1
 
 
-# (R, BT, G, roll) whose unsplit build (n_split specialised to 1, as every split-1 launch is) kills Triton 3.6's ptxas (CUDA
-# 12.8, SIGSEGV; found building every tile x group x split-1 variant; 3.9's builds it)
+# (R, BT, G, roll) whose unsplit build (n_split specialised to 1, as every split-1 launch is) kills Triton 3.6's ptxas
+# (CUDA 12.8, SIGSEGV; found building every tile x group x split-1 variant; 3.9's builds it)
 UNBUILDABLE_UNSPLIT = frozenset({(1, 32, 128, -1), (1, 32, 128, 0)})
 
 

@@ -80,7 +80,7 @@ class ArchTable:
 # R 2 BT 64 for 33-64 where a split keeps 16 groups a program; the 27B's four linears 153 -> 137 us at 32 rows,
 # 230 -> 204 at 48, 238 -> 216 at 64, the 35B-A3B's 43 -> 30 at 32 (H100).
 # Session 20: a rolling wait inside each group (WgmmaTile.roll) frees A registers for one more resident program an SM
-# at some cost to each program (qkv at 32 rows 30.5 -> 32.8 us with the same split), so the rolling tiles sit where
+# at some cost to each program (qkv at 32 rows 30.5 -> 33.0 us with the same split), so the rolling tiles sit where
 # the extra slot changes the launch: gate_up's 544 R 1 BT 32 programs fit 5 an SM (32 rows 59.4 -> 56.3 us), and at
 # 33-64 rows R 1 BT 64 at 4 an SM splits o_proj / down 6 ways, R 2 BT 64 at 3 holds gate_up in one wave; the 27B's
 # four linears 220 -> 201 us at 64 rows, 207 -> 185 at 48 (H100, alternated; the 35B-A3B's small linears, which a
