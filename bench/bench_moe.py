@@ -5,7 +5,8 @@
 Decode (1 and 4 tokens): bandwidth on the bytes of the chosen experts as a fraction of the copy bandwidth
 measured in this process; 64 tokens: speed against the torch loop. Timing and weights as bench_gemm.py
 (CUDA graphs of back-to-back calls, routings rotated so the L2 cannot serve an expert twice). ``--sweep``
-first times MOE_DECODE_CANDIDATES (and prints a per-kernel profile), then uses the fastest below.
+first times MOE_DECODE_CANDIDATES (and prints a per-kernel profile), then uses the fastest below; ``--row-max``
+times the decode kernels against the mma path at 4-16 tokens (where the table's row_max should hand over).
 """
 from __future__ import annotations
 
@@ -264,10 +265,50 @@ def bench_mma(dtype=torch.float16, tokens=(2, 4, 5, 8, 16, 32, 64, 128, 256)):
                  "torch loop us", "torch/ours", "copy-bound us", "rel err"], rows)
 
 
+def bench_row_max(dtype=torch.float16, tokens=(4, 5, 6, 8, 12, 16), row_maxes=(32, 64, 128), rounds=3):
+    """Where the decode GEMV path should hand over to the mma path: fused_moe at 4-16 tokens under each
+    ``row_max`` (T * top_k at or below which the decode kernels run), the tables alternated in ``rounds`` rounds
+    (medians), the same seeded routings for every table. BW/copy on the bytes of the experts touched."""
+    key, _ = w4a16.device_key("cuda")
+    table = moe.TABLES[key]
+    bw = copy_bandwidth_gbs()
+    w13, w2 = moe_weights(dtype)
+    expert_bytes = qbytes(HID, 2 * INTER) + qbytes(INTER, HID)
+    # the largest row_max first: the weights' split counters are sized at their first use
+    tables = [(r, dataclasses.replace(table, row_max=r)) for r in sorted(row_maxes, reverse=True)]
+    rows = []
+    for t in tokens:
+        routes = [route.moe_route(torch.randn(t, E, device="cuda",
+                                              generator=torch.Generator(device="cuda").manual_seed(400 + i)),
+                                  TOPK, True) for i in range(max(1, 16 // t))]
+        x = torch.randn(t, HID, device="cuda", dtype=dtype)
+        ref = reference.fused_moe(x, w13, w2, *routes[0]).float()
+        n_exp = statistics.mean(r[1].unique().numel() for r in routes)
+        nbytes = n_exp * expert_bytes + 2 * t * HID * 2
+        times = {r: [] for r, _ in tables}
+        errs = {}
+        for _ in range(rounds):
+            for r, tab in tables:
+                with patched(moe, key, tab):
+                    if r not in errs:
+                        out = moe.fused_moe(x, w13, w2, *routes[0]).float()
+                        errs[r] = ((out - ref).norm() / ref.norm()).item()
+                    times[r].append(graph_ms(rotated(routes, lambda rt: moe.fused_moe(x, w13, w2, *rt)), reps=7))
+        for r, _ in tables:
+            ms = statistics.median(times[r])
+            path = "decode" if t * TOPK <= r else "mma" if table.mma and t * TOPK <= table.mma[-1][0] else "tl.dot"
+            rows.append([t, f"{n_exp:.0f}", r, path + (" (table)" if r == table.row_max else ""), ms * 1e3,
+                         nbytes / ms / 1e6 / bw, f"{errs[r]:.1e}"])
+    print_table(f"fused MoE: decode GEMV vs mma by row_max (E {E}, top-{TOPK}; copy {bw:.0f} GB/s; medians of "
+                f"{rounds} alternated rounds)", ["tokens", "experts", "row_max", "path", "us", "BW/copy (touched)",
+                                                  "rel err"], rows)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mma", action="store_true", help="only the 2-256 token table (issue 21)")
     ap.add_argument("--align", action="store_true", help="only the routing-alignment table")
+    ap.add_argument("--row-max", action="store_true", help="only the decode-vs-mma handover at 4-16 tokens")
     ap.add_argument("--sweep", action="store_true",
                     help="time MOE_DECODE_CANDIDATES, then print the table with the fastest decode entry")
     args = ap.parse_args()
@@ -277,6 +318,9 @@ def main():
         return
     if args.mma:
         bench_mma()
+        return
+    if args.row_max:
+        bench_row_max()
         return
     if args.sweep:
         key, _ = w4a16.device_key("cuda")
