@@ -129,7 +129,7 @@ def test_h200_rows_and_the_switch(monkeypatch):
                                                             "M 14-64: wgmma Gluon (fp16, groups 32/64/128, N % 16 == 0; "
                                                             "else tl.dot (tensor cores)); M 65-255: tl.dot (tensor cores)")
     assert report["ops"]["paged_attention"]["path"] == "tl.dot (tensor cores)"
-    assert report["ops"]["skinny_linear"]["path"] == ("fp16/bf16, M <= 64, N <= 512, K >= 384: tl.dot (tensor cores), "
+    assert report["ops"]["skinny_linear"]["path"] == ("fp16/bf16, M <= 32, N <= 512, K >= 384: tl.dot (tensor cores), "
                                                       "split K reduced in-kernel (one launch); else cuBLAS (F.linear)")
     monkeypatch.setattr(arch, "ARCH_OVERRIDE", "70")
     facts = {**doctor.gather_facts(probe=False), "triton": facts["triton"]}

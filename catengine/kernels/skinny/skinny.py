@@ -1,4 +1,4 @@
-"""Skinny dense linear: ``y = x @ w^T (+ bias)`` for 1-64 rows and at most a few hundred output columns, in one
+"""Skinny dense linear: ``y = x @ w^T (+ bias)`` for few rows (1-32 at sm_90's table) and at most a few hundred output columns, in one
 launch (twin: ``skinny.naive.skinny_linear``).
 
 The projections AWQ leaves in fp16 (the 27B's GDN ``in_proj_ba``, 5120 -> 96; the 35B-A3B's router + shared-expert
@@ -42,14 +42,14 @@ class SkinnyTable:
     stages: int
 
 
-# Chosen, not measured (bench/bench_skinny.py has not run yet): 32 columns a program and a split toward one program an
-# SM put 42 programs on the 27B's in_proj_ba (3 column tiles x 14 splits) and 72 on the 35B-A3B's router, each
-# streaming 8 KB of weight a 128-deep step with 3 steps in flight; K under 3 steps (384) is too little to split and
-# stays with cuBLAS
+# 32 columns a program and a split toward one program an SM (42 programs on the 27B's in_proj_ba: 3 column tiles x 14
+# splits; 72 on the 35B-A3B's router), 8 KB of weight a 128-deep step, 3 steps in flight; K under 3 steps (384) is too
+# little to split. Rows stop at 32: on the H200 the kernel beat cuBLAS at 1-32 rows on the model shapes but lost at 64
+# (bench/bench_skinny.py; bench/NOTES.md, session 22)
 TABLES = {
     "sm70": None,
     "sm80": None,
-    "sm90": SkinnyTable(max_m=64, max_n=512, bn=32, bk=128, k_min=384, warps=4, stages=3),
+    "sm90": SkinnyTable(max_m=32, max_n=512, bn=32, bk=128, k_min=384, warps=4, stages=3),
 }
 
 

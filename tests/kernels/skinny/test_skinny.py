@@ -4,7 +4,7 @@ CPU: the Triton interpreter (which runs CPU tensors as the sm_90 row on a 4-SM c
 / picked, bias or none, partial tiles in M, N and K: the counters left zero and the same bits on a second call; the
 contract errors; the dispatch to cuBLAS (the twin) outside the table; the split and counter arithmetic at the model
 shapes on 132 SMs; the weight-owned counters of models/linear.py.
-GPU (``-m gpu``, sm_90): the model shapes at 1-64 rows through the op, fp16 and bf16, eager and replayed from a CUDA
+GPU (``-m gpu``, sm_90): the model shapes at every row count of the table through the op, fp16 and bf16, eager and replayed from a CUDA
 graph (same bits as eager), and a first call inside a capture (cuBLAS, no counters allocated).
 
 Tolerances are on ||y - ref|| / ||ref||: fp32 accumulation, so the output rounding dominates (2^-11 fp16, 2^-8 bf16;
@@ -109,11 +109,11 @@ def test_dispatch_runs_the_kernel_inside_the_table_and_cublas_outside(monkeypatc
         assert rel_err(y, reference(x, w, bias)) < tol
         return bool(launched)
 
-    x, w, _ = operands(64, 96, 512, torch.float16)
+    x, w, _ = operands(TABLE.max_m, 96, 512, torch.float16)
     c = torch.zeros(skinny.skinny_counters(w), dtype=torch.int32)
     assert c.numel() == 3                                           # 3 column tiles a row tile
-    assert runs(x, w, c) and runs(x[:1], w, c) and runs(x.view(8, 8, 512), w, c)
-    assert not runs(torch.cat([x, x[:1]]), w, c)                    # 65 rows > max_m
+    assert runs(x, w, c) and runs(x[:1], w, c) and runs(x.view(4, 8, 512), w, c)
+    assert not runs(torch.cat([x, x[:1]]), w, c)                    # rows > max_m
     assert not runs(x.float(), w.float(), c)                        # fp32
     assert not runs(x[:, :256], w[:, :256], c)                      # K 256 < k_min
     xw, ww, _ = operands(4, 513, 512, torch.float16)
@@ -192,11 +192,11 @@ def _sm90():
 @pytest.mark.parametrize("name,k,n", MODEL_SHAPES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_gpu_model_shapes_eager_and_from_a_graph(name, k, n, dtype):
-    """Every row count 1-64 through the op (the kernel, split as picked), eager then replayed from one CUDA graph
+    """Every row count of the table through the op (the kernel, split as picked), eager then replayed from one CUDA graph
     with new inputs: each equals the fp64 product, a replay gives the eager call's bits, the counters stay zero."""
     _sm90()
     from catengine.models.linear import SkinnyCounters
-    ms = list(range(1, 65))
+    ms = list(range(1, TABLE.max_m + 1))
     _, w, _ = operands(1, n, k, dtype, device="cuda", seed=k + n)
     counters = SkinnyCounters()
     xs = [operands(m, n, k, dtype, device="cuda", seed=m)[0] for m in ms]
