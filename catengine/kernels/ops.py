@@ -19,6 +19,7 @@ from .gdn import naive as gdn_naive
 from .moe import naive as moe_naive
 from .norm import naive as norm_naive
 from .sampling import naive as sampling_naive
+from .skinny import naive as skinny_naive
 from .w4a16 import naive as w4a16_naive
 from .w4a16.packing import QuantizedWeight
 from .w8a16 import naive as w8a16_naive
@@ -199,6 +200,24 @@ def w8a16_linear(x, qweight, scales):
     return w8a16_naive.w8a16_linear(x, qweight, scales)
 
 
+# ---------------------------------------------------------------- skinny: dense linears with few columns
+@_op(skinny_naive.skinny_linear)
+def skinny_linear(x, w, bias=None, counters=None):
+    if use_triton(x.device):
+        # one launch where the kernel's table takes the shape, cuBLAS elsewhere
+        from .skinny import skinny
+        return skinny.skinny_linear(x, w, bias, counters)
+    return skinny_naive.skinny_linear(x, w, bias, counters)
+
+
+@_op(skinny_naive.skinny_counters)
+def skinny_counters(w):
+    if use_triton(w.device):
+        from .skinny import skinny
+        return skinny.skinny_counters(w)
+    return skinny_naive.skinny_counters(w)
+
+
 @_op(moe_naive.moe_route)
 def moe_route(router_logits, top_k: int, renormalize: bool = True, expert_range: tuple[int, int] | None = None):
     if use_triton(router_logits.device):
@@ -251,6 +270,7 @@ def triton_ops() -> dict[str, Callable]:
     from .moe import fused, route, shared
     from .norm import norm_rope
     from .sampling import bitmask, sampler
+    from .skinny import skinny
     from .w4a16 import dequant
     from .w8a16 import gemv
     return {
@@ -261,7 +281,8 @@ def triton_ops() -> dict[str, Callable]:
         "chunk_gated_delta_rule": chunk.chunk_gated_delta_rule,
         "recurrent_gated_delta_rule": recurrent.recurrent_gated_delta_rule,
         "gdn_gating_recurrent": recurrent.gdn_gating_recurrent, "w4a16_linear": dequant.w4a16_linear,
-        "w8a16_linear": gemv.w8a16_linear,
+        "w8a16_linear": gemv.w8a16_linear, "skinny_linear": skinny.skinny_linear,
+        "skinny_counters": skinny.skinny_counters,
         "moe_route": route.moe_route, "fused_moe": fused.fused_moe,
         "shared_expert_add": shared.shared_expert_add, "sample_tokens": sampler.sample_tokens,
         "apply_token_bitmask": bitmask.apply_token_bitmask,

@@ -6,13 +6,12 @@ the torch twins on the CPU.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ..kernels import ops
 from .batch import AttentionCache, BatchMetadata, GDNStateCache
 from .gdn_verify import conv_windows_before, save_conv_windows
 from .model_config import ModelConfig
-from .linear import Linear, MergedLinear, WeightSlots
+from .linear import Linear, MergedLinear, SkinnyCounters, WeightSlots, dense_linear
 from .sharding import TPLayout
 
 
@@ -165,6 +164,7 @@ class SparseMoE:
         self.num_experts, self.expert_range = cfg.num_experts, tp.expert_range
         self.router_weight = self.w13 = self.w2 = self.shared_gate_weight = None
         self._merged = None   # router + shared gate rows, see _router_and_gate
+        self._counters = SkinnyCounters()   # the router GEMM's (dense_linear)
         self.shared_expert = MLP(cfg.hidden_size, cfg.shared_expert_intermediate_size // tp.size) \
             if cfg.shared_expert_intermediate_size else None
 
@@ -179,6 +179,7 @@ class SparseMoE:
     def _set(self, name: str, value: torch.Tensor) -> None:
         setattr(self, name, value)
         self._merged = None
+        self._counters.reset()
 
     def _router_and_gate(self) -> torch.Tensor:
         """[E (+1), H]: the router rows, then the shared expert's gate row, so one GEMM gives both (a
@@ -197,7 +198,7 @@ class SparseMoE:
         """x: [T, H] in the model dtype -> [T, H] fp32: the routed sum (fused_moe's fp32 accumulators)
         plus the gated shared expert, added in fp32 and handed to the residual add unrounded, since
         in an fp16 model this sum is where activations outgrow 65,504."""
-        logits = F.linear(x, self._router_and_gate())
+        logits = dense_linear(x, self._router_and_gate(), None, self._counters)
         weights, ids = ops.moe_route(logits[:, : self.num_experts], self.top_k, self.renormalize, self.expert_range)
         out = ops.fused_moe(x, self.w13, self.w2, weights, ids)
         if self.shared_expert is not None:

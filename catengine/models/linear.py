@@ -1,5 +1,5 @@
-"""Linear layers whose weight is either dense ([out, in], cuBLAS) or 4-bit (QuantizedWeight, Triton),
-and the name -> setter table the loader fills.
+"""Linear layers whose weight is either dense ([out, in]: cuBLAS, or the skinny kernel for few columns at decode
+sizes) or 4-bit (QuantizedWeight, Triton), and the name -> setter table the loader fills.
 
 Projections that read the same input are merged into one GEMM at load time (q/k/v, gate/up, the GDN
 input projections): one launch and one pass over the activations instead of several.
@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 from ..errors import ModelLoadError
 from ..kernels import ops
@@ -58,6 +57,40 @@ class WeightSlots:
             finalize()
 
 
+class SkinnyCounters:
+    """The int32 arrival counters of one dense weight's ``ops.skinny_linear`` calls (its in-kernel split-K reduce;
+    each call leaves them zero): ``ops.skinny_counters`` of them, allocated at the first eager CUDA call and kept,
+    since a captured CUDA graph holds their address. None before that when the first call is inside a capture (the
+    op then runs cuBLAS wherever it would split K), and on devices where the op never splits K in-kernel."""
+
+    def __init__(self):
+        self.buf: torch.Tensor | None = None
+        self.shape = None     # (N, K) that ``size`` was computed for
+        self.size = 0
+
+    def take(self, weight: torch.Tensor) -> torch.Tensor | None:
+        if weight.shape != self.shape:
+            # a shape the buffer was not sized for gets None from held_counters if it needs more: cuBLAS, not a
+            # wrong answer
+            self.shape, self.size = weight.shape, ops.skinny_counters(weight)
+        if not self.size:
+            return None
+        # imported here, past the CPU's return above: splitk imports Triton, which a CPU process never loads
+        from ..kernels.common.splitk import held_counters
+        return held_counters(self, "buf", weight.device, self.size, self.size)
+
+    def reset(self) -> None:
+        """Forget the buffer (the owner's weight was replaced): the next eager call sizes a new one."""
+        self.buf, self.shape, self.size = None, None, 0
+
+
+def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                 counters: SkinnyCounters) -> torch.Tensor:
+    """x @ weight^T (+ bias) for a dense [out, in] weight: ``ops.skinny_linear`` (one launch for few columns at
+    decode sizes on the rows that have its kernel, cuBLAS otherwise) with the weight's counters."""
+    return ops.skinny_linear(x, weight, bias, counters.take(weight))
+
+
 class Linear:
     """y = x @ W^T (+ b) with W dense [out, in] or a QuantizedWeight (x @ w layout)."""
 
@@ -66,6 +99,7 @@ class Linear:
         self.weight: torch.Tensor | QuantizedWeight | None = None
         self.bias: torch.Tensor | None = None
         self.has_bias = bias
+        self.counters = SkinnyCounters()   # a dense weight's, for dense_linear
 
     def register(self, slots: WeightSlots, name: str) -> None:
         slots.add(f"{name}.weight", lambda v: self._set_weight(v, name))
@@ -79,11 +113,12 @@ class Linear:
             raise ModelLoadError(f"{name}.weight has in/out features {shape}, the config implies "
                                  f"{(self.in_features, self.out_features)}")
         self.weight = value
+        self.counters.reset()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if isinstance(self.weight, QuantizedWeight):
             return ops.w4a16_linear(x, self.weight, self.bias)
-        return F.linear(x, self.weight, self.bias)
+        return dense_linear(x, self.weight, self.bias, self.counters)
 
 
 class MergedLinear(Linear):
@@ -108,6 +143,7 @@ class MergedLinear(Linear):
 
     def _merge(self) -> None:
         parts, self.parts = self.parts, [None] * len(self.parts)
+        self.counters.reset()
         quantized = [isinstance(p, QuantizedWeight) for p in parts]
         if all(quantized) and len({p.group_size for p in parts}) == 1:
             self.weight = QuantizedWeight(torch.cat([p.qweight for p in parts], -1),

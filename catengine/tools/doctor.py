@@ -27,7 +27,9 @@ TORCH_FIX = "pip install torch==2.9.1 --index-url https://download.pytorch.org/w
 PROBE_MODULE = "catengine.tools.doctor_probe"
 PROBE_TIMEOUT_S = 180
 # ops whose work is matrix products: the ones that want tensor cores (the rest are row, scan or gather kernels)
-MATMUL_OPS = ("w4a16_linear", "fused_moe", "paged_attention", "chunk_gated_delta_rule")
+MATMUL_OPS = ("w4a16_linear", "skinny_linear", "fused_moe", "paged_attention", "chunk_gated_delta_rule")
+# ops that launch no kernel: host-side sizing for another op
+HOST_OPS = ("skinny_counters",)
 
 
 @dataclass(frozen=True)
@@ -195,6 +197,13 @@ def _matmul_path(op: str, row: int, dot: str) -> str:
         else:
             parts.append(f"M {lo}-{big - 1}: {dot}")
         return "; ".join(parts + [f"from M = {big}: dequantise + cuBLAS"])
+    if op == "skinny_linear":
+        from ..kernels.skinny.skinny import TABLES
+        t = TABLES[f"sm{row}"]
+        if t is None:
+            return "cuBLAS (F.linear; the row has no skinny table)"
+        return (f"fp16/bf16, M <= {t.max_m}, N <= {t.max_n}, K >= {t.k_min}: {dot}, split K reduced in-kernel "
+                "(one launch); else cuBLAS (F.linear)")
     if op == "fused_moe":
         from ..kernels.moe.fused import TABLES
         t = TABLES[f"sm{row}"]
@@ -240,6 +249,8 @@ def op_paths(facts: dict) -> dict[str, dict]:
     for op in ops.REGISTRY.names():
         if row is None or facts["kernels_env"] == "reference":
             path = "torch twin"
+        elif op in HOST_OPS:
+            path = "host only (no kernel)"
         elif op not in MATMUL_OPS:
             path = "Triton (no matrix product)"
         else:

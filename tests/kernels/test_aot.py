@@ -32,11 +32,12 @@ AOT_MODULES = (
     "catengine.kernels.w4a16.gemm_mma",
     "catengine.kernels.moe.fused_mma",
     "catengine.kernels.w4a16.gemm_wgmma",
+    "catengine.kernels.skinny.skinny",
 )
 # mma.sync m16n8k16 kernels: no sm_70 build (the HMMA.884 modules above serve sm_70)
 SM80_ONLY = ("catengine.kernels.w4a16.gemm_mma", "catengine.kernels.moe.fused_mma")
-# wgmma kernels: sm_90 only
-SM90_ONLY = ("catengine.kernels.w4a16.gemm_wgmma",)
+# sm_90 only: wgmma kernels, and the skinny linear (a table on sm_90 alone; sm_70 / sm_80 keep cuBLAS)
+SM90_ONLY = ("catengine.kernels.w4a16.gemm_wgmma", "catengine.kernels.skinny.skinny")
 
 
 def test_aot_list_names_every_module_with_aot_configs():

@@ -11,8 +11,8 @@ from catengine.kernels import ops
 
 OPS = ("rms_norm", "gated_rms_norm", "silu_mul", "qk_norm_rope", "store_kv", "paged_attention",
        "causal_conv1d", "causal_conv1d_update", "gdn_gating", "chunk_gated_delta_rule",
-       "recurrent_gated_delta_rule", "gdn_gating_recurrent", "w4a16_linear", "w8a16_linear", "moe_route",
-       "fused_moe", "shared_expert_add", "sample_tokens", "apply_token_bitmask")
+       "recurrent_gated_delta_rule", "gdn_gating_recurrent", "w4a16_linear", "w8a16_linear", "skinny_linear",
+       "skinny_counters", "moe_route", "fused_moe", "shared_expert_add", "sample_tokens", "apply_token_bitmask")
 
 
 def test_op_names_are_the_model_ops():

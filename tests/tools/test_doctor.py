@@ -85,6 +85,8 @@ def test_v100_with_a_torch_that_has_sm70_is_fine_and_says_which_path_runs(monkey
 
     p = paths()
     assert p["rms_norm"] == "Triton (no matrix product)"
+    assert p["skinny_linear"] == "cuBLAS (F.linear; the row has no skinny table)"
+    assert p["skinny_counters"] == "host only (no kernel)"
     assert p["w4a16_linear"] == ("M <= 1: GEMV on CUDA cores; M 2-1023: HMMA.884 Gluon (fp16, "
                                  "groups 32/64/128; else tl.dot -> FMA); from M = 1024: dequantise + cuBLAS")
     assert p["fused_moe"].endswith("above: HMMA.884 Gluon (fp16 W4A16 experts, groups 32/64/128; else tl.dot -> FMA)")
@@ -127,6 +129,8 @@ def test_h200_rows_and_the_switch(monkeypatch):
                                                             "M 14-64: wgmma Gluon (fp16, groups 32/64/128, N % 16 == 0; "
                                                             "else tl.dot (tensor cores)); M 65-255: tl.dot (tensor cores)")
     assert report["ops"]["paged_attention"]["path"] == "tl.dot (tensor cores)"
+    assert report["ops"]["skinny_linear"]["path"] == ("fp16/bf16, M <= 32, N <= 512, K >= 384: tl.dot (tensor cores), "
+                                                      "split K reduced in-kernel (one launch); else cuBLAS (F.linear)")
     monkeypatch.setattr(arch, "ARCH_OVERRIDE", "70")
     facts = {**doctor.gather_facts(probe=False), "triton": facts["triton"]}
     report = doctor.build_report(facts)

@@ -1,6 +1,7 @@
 """The split-K reduce that the W4A16 GEMM/GEMV and the MoE down projection share: SPLIT_K fp32
 partials [SPLIT_K, M, N] summed in a fixed order (results do not depend on scheduling), plus the
-optional bias, cast to the output dtype. One program per (row, BLOCK columns).
+optional bias, cast to the output dtype. One program per (row, BLOCK columns). Also the split picking
+and the arrival counters (``held_counters``) of the kernels whose last split reduces in-kernel.
 """
 from __future__ import annotations
 
@@ -33,16 +34,30 @@ def splitk_reduce_kernel(part_ptr, bias_ptr, y_ptr, M, N, stride_ym, SPLIT_K: tl
     tl.store(y_ptr + i_m * stride_ym + o_n, acc.to(y_ptr.dtype.element_ty), mask=m_n)
 
 
-def whole_split(want: int, n_kb: int) -> int:
-    """``want`` splits of n_kb k blocks, clamped to 1..min(n_kb, MAX_SPLIT_K) and rounded so no split is empty."""
-    want = max(1, min(want, n_kb, MAX_SPLIT_K))
+def whole_split(want: int, n_kb: int, cap: int = MAX_SPLIT_K) -> int:
+    """``want`` splits of n_kb k blocks, clamped to 1..min(n_kb, cap) and rounded so no split is empty."""
+    want = max(1, min(want, n_kb, cap))
     per = -(-n_kb // want)
     return -(-n_kb // per)
 
 
-def pick_split(tiles: int, n_kb: int, waves: int, sms: int) -> int:
+def pick_split(tiles: int, n_kb: int, waves: int, sms: int, cap: int = MAX_SPLIT_K) -> int:
     """Smallest split of n_kb k blocks giving about waves * SMs programs over ``tiles`` output tiles (whole_split)."""
-    return whole_split(-(-waves * sms // tiles), n_kb)
+    return whole_split(-(-waves * sms // tiles), n_kb, cap)
+
+
+def held_counters(owner, attr: str, device, needed: int, size: int) -> torch.Tensor | None:
+    """``owner.<attr>``: the zeroed int32 arrival counters of an in-kernel split-K reduce (each call leaves them
+    zero again), ``max(size, needed)`` of them allocated on first use and never replaced (a captured CUDA graph
+    keeps their address). None when a call needs more, or when the first use is inside a graph capture (the
+    buffer would be the graph's, and its zeroing a captured memset): the caller then takes its other path."""
+    buf = getattr(owner, attr)
+    if buf is None:
+        if torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        buf = torch.zeros(max(size, needed), dtype=torch.int32, device=device)
+        setattr(owner, attr, buf)
+    return buf if needed <= buf.numel() else None
 
 
 def split_partials(split: int, y: torch.Tensor) -> torch.Tensor:

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import torch
-
 from ...errors import ConfigError
+from ..common.splitk import held_counters
 from .gemm_mma import MmaTile
 from .gemm_wgmma import WgmmaTile
 from .packing import QuantizedWeight
@@ -129,17 +128,10 @@ def with_gemm_pdl(table: ArchTable, pdl: bool) -> ArchTable:
 
 
 def split_counters(weight: QuantizedWeight, needed: int, size: int):
-    """The weight's zeroed int32 arrival counters for the GEMV's in-kernel split-K reduce (each call
-    leaves them zero again), ``size`` of them allocated on first use and never replaced (a captured
-    CUDA graph keeps their address). None when a call needs more, or when the first use is inside a
-    graph capture: the caller then launches the reduce kernel."""
-    buf = weight.split_counters
-    if buf is None:
-        device = weight.qweight.device
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        buf = weight.split_counters = torch.zeros(max(size, needed), dtype=torch.int32, device=device)
-    return buf if needed <= buf.numel() else None
+    """The weight's arrival counters for the GEMV's in-kernel split-K reduce (``splitk.held_counters``: None
+    when a call needs more or the first use is inside a graph capture; the caller then launches the reduce
+    kernel)."""
+    return held_counters(weight, "split_counters", weight.qweight.device, needed, size)
 
 
 def gemv_tile_rows(bk: int, k: int, group: int) -> tuple[int, int]:
