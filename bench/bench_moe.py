@@ -42,6 +42,12 @@ def moe_weights(dtype):
     return stack(HID, 2 * INTER), stack(INTER, HID)
 
 
+def seeded_routes(t: int, seed: int) -> list:
+    """max(1, 16 // t) routings of t tokens from seeds seed, seed + 1, ...: the same for every table compared."""
+    gens = [torch.Generator(device="cuda").manual_seed(seed + i) for i in range(max(1, 16 // t))]
+    return [route.moe_route(torch.randn(t, E, device="cuda", generator=g), TOPK, True) for g in gens]
+
+
 def torch_expert_loop(x, w13d, w2d, tw, ids):
     """The peer: per chosen expert, fp16 matmuls on its tokens (dispatch indices computed ahead)."""
     plan = []
@@ -253,9 +259,7 @@ def bench_mma(dtype=torch.float16, tokens=(2, 4, 5, 8, 16, 32, 64, 128, 256)):
             times = []
             for t in sweep_tokens:
                 # the same routings for every tile (seeded), so the tiles' rows compare like for like
-                routes = [route.moe_route(torch.randn(t, E, device="cuda",
-                                                      generator=torch.Generator(device="cuda").manual_seed(300 + i)),
-                                          TOPK, True) for i in range(max(1, 16 // t))]
+                routes = seeded_routes(t, 300)
                 x = torch.randn(t, HID, device="cuda", dtype=dtype)
                 times.append(graph_ms(rotated(routes, lambda r: moe.fused_moe(x, w13, w2, *r)), reps=7) * 1e3)
         sweep.append([f"MB {tile.MB} W {tile.W}" + (" (table)" if tile == table.mma[-1][1] else "")] + times)
@@ -278,9 +282,7 @@ def bench_row_max(dtype=torch.float16, tokens=(4, 5, 6, 8, 12, 16), row_maxes=(3
     tables = [(r, dataclasses.replace(table, row_max=r)) for r in sorted(row_maxes, reverse=True)]
     rows = []
     for t in tokens:
-        routes = [route.moe_route(torch.randn(t, E, device="cuda",
-                                              generator=torch.Generator(device="cuda").manual_seed(400 + i)),
-                                  TOPK, True) for i in range(max(1, 16 // t))]
+        routes = seeded_routes(t, 400)
         x = torch.randn(t, HID, device="cuda", dtype=dtype)
         ref = reference.fused_moe(x, w13, w2, *routes[0]).float()
         n_exp = statistics.mean(r[1].unique().numel() for r in routes)
