@@ -235,10 +235,7 @@ def bench_mma(dtype=torch.float16, tokens=(2, 4, 5, 8, 16, 32, 64, 128, 256)):
     expert_bytes = qbytes(HID, 2 * INTER) + qbytes(INTER, HID)
     rows = []
     for t in tokens:
-        routes = []
-        for i in range(max(1, 16 // t)):
-            g = torch.Generator(device="cuda").manual_seed(200 + i)
-            routes.append(route.moe_route(torch.randn(t, E, device="cuda", generator=g), TOPK, True))
+        routes = seeded_routes(t, 200)
         x = torch.randn(t, HID, device="cuda", dtype=dtype)
         ref = reference.fused_moe(x, w13, w2, *routes[0]).float()
         err = ((moe.fused_moe(x, w13, w2, *routes[0]).float() - ref).norm() / ref.norm()).item()
