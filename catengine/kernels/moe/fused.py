@@ -67,7 +67,9 @@ class MoeTable:
 # sm_90's mma tile: 4 warps (256 columns a program) against 2 at 5 / 8 / 16 / 32 / 64 tokens of the 35B-A3B's experts:
 # 50.5 / 62.8 / 101 / 135 / 177 us against 53.8 / 67.8 / 103 / 148 / 179 (H100, session 15, fused_moe_mma timed alone
 # in graphs of 16 calls; 1 warp and 32-token blocks were slower from 8 tokens on; bench/NOTES.md). sm_80 keeps 2
-# warps, unmeasured.
+# warps, unmeasured. sm_90's row_max is 64 where the others keep 32: bench_moe.py --row-max (H100, session 23) timed the
+# decode GEMV ahead of the mma path at 5 / 6 / 8 tokens of the 35B-A3B (38.5 / 42.6 / 54.2 us against 47.1 / 48.9 /
+# 56.6), level at 12 and behind at 16 (87.5 against 73.9).
 _DECODE = (GemvConfig(64, 512, 4, 1, 16), GemvConfig(64, 512, 4, 1, 16))
 TABLES = {
     "sm70": MoeTable(32, GemvConfig(16, 512, 4, 1, 1), GemvConfig(32, 512, 4, 1, 4), (
@@ -79,7 +81,7 @@ TABLES = {
         (64, GemmConfig(64, 64, 64, 4, 3)),
         (1 << 30, GemmConfig(128, 128, 32, 8, 3)),
     ), _DECODE, mma=((2048, MmaTile(1, 2)),)),
-    "sm90": MoeTable(32, GemvConfig(16, 1024, 4, 1, 1), GemvConfig(32, 512, 4, 1, 2), (
+    "sm90": MoeTable(64, GemvConfig(16, 1024, 4, 1, 1), GemvConfig(32, 512, 4, 1, 2), (
         (16, GemmConfig(16, 64, 64, 4, 4)),
         (64, GemmConfig(64, 128, 64, 4, 3)),
         (1 << 30, GemmConfig(128, 128, 64, 8, 3)),

@@ -147,7 +147,8 @@ def decode_table(monkeypatch, up_waves=16, down_waves=16, bn=64, bk=512):
     (1, 6, 3, 128, 128, 128, False, torch.float16, 16, 64, 512),   # top_k 3, split K in both passes
     (3, 9, 3, 96, 160, 32, False, torch.float16, 16, 64, 64),      # H, I tails of 64-wide tiles, 3 tiles/expert
     (2, 6, 2, 64, 64, 64, True, torch.bfloat16, 16, 64, 512),
-    (4, 8, 8, 64, 96, 32, False, torch.float16, 1, 64, 128),      # T * top_k = row_max, no split at all
+    (4, 8, 8, 64, 96, 32, False, torch.float16, 1, 64, 128),      # T * top_k = sm_70/sm_80 row_max, no split at all
+    (8, 8, 8, 64, 96, 32, False, torch.float16, 16, 64, 64),      # T * top_k = sm_90 row_max (64 rows), split K
     (2, 5, 4, 192, 64, 64, False, torch.bfloat16, 1, 16, 256),    # no split, R shrunk to divide K / 8
     (3, 9, 4, 192, 128, 64, True, torch.bfloat16, 1, 128, 2048),  # H tail, up unsplit (one K tile)
 ])
