@@ -5,6 +5,7 @@
 #
 #   mkdir -p .dev/before && git archive df8fa90 | tar -x -C .dev/before    # here, once: the tree before issue 21
 #   OUT=/tmp/out bench/issue21_run.sh                                        # on the GPU machine ($OUT: the logs)
+#   BEFORE=.dev/before OUT=/tmp/out bench/issue21_run.sh                     # + the old tree's decode and prefill
 #   PROFILE=1 BEFORE=.dev/before OUT=/tmp/out bench/issue21_run.sh           # + the decode profiles
 #
 # The device image lacks some of catengine's dependencies: carry them as wheels (starlette, uvicorn, msgspec,
@@ -15,6 +16,10 @@
 # (session 22). T35 / T27 / TP bound each command (seconds), so what finished is printed even when a later one is cut;
 # MODELS picks the presets (both together need most of a 600 s device call from a cold machine). Each profile writes its own 8-layer
 # checkpoint (the "before" one under /tmp/before-*), since the two trees need not read each other's.
+#
+# "Batch-1 decode and prefill not slower than today" is an A/B on one machine: with BEFORE set, each model's run is
+# followed by the old tree's decode and prefill sections (TB seconds) on the same full-depth checkpoint (the random
+# checkpoint writer did not change since df8fa90), since the cards lent differ from lease to lease.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/issue21}
@@ -23,7 +28,14 @@ step() { echo "== $1 $(date +%T)"; }
 for m in ${MODELS:-qwen3.6-35b-a3b:${T35:-320} qwen3.5-27b:${T27:-250}}; do
     step "${m%%:*} full depth"
     timeout "${m##*:}" python3 -m catengine.cli bench --model-preset "${m%%:*}" --sections "${SECTIONS:-decode,prefill,concurrent}" \
-        --reps 1 --workdir /tmp/ck --out "$OUT/${m%%:*}.json" 2>&1 | grep -v "loading model" | tee "$OUT/${m%%:*}.log" | tail -14
+        --reps "${REPS:-1}" --workdir /tmp/ck --out "$OUT/${m%%:*}.json" 2>&1 | grep -v "loading model" |
+        tee "$OUT/${m%%:*}.log" | tail -14
+    [ -n "${BEFORE:-}" ] || continue
+    step "${m%%:*} full depth, before"
+    # `python3 -m` puts the working directory first on sys.path: the old tree's catengine is the one imported
+    (cd "$BEFORE" && timeout "${TB:-200}" python3 -m catengine.cli bench --model-preset "${m%%:*}" \
+        --sections decode,prefill --reps "${REPS:-1}" --workdir /tmp/ck --out "$OUT/${m%%:*}-before.json") 2>&1 |
+        grep -v "loading model" | tee "$OUT/${m%%:*}-before.log" | tail -10
 done
 [ -n "${PROFILE:-}" ] || { step end; exit 0; }
 step "profile after"
