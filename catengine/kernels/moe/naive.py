@@ -76,7 +76,9 @@ def align_tokens(topk_ids, num_experts: int, block: int):
     # also breaks CUDA graph capture)
     counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=dev).scatter_add_(0, key, torch.ones_like(key))
     blocks = (counts + block - 1) // block
-    blocks[num_experts] = 0
+    # zero_() on a view, not `blocks[E] = 0`: assigning a Python number copies it from host memory, a sync per MoE
+    # layer that left the GPU idle between launches in long prefills (bench/NOTES.md, session 24)
+    blocks[num_experts:].zero_()
     blk_end = blocks.cumsum(0)
     order = torch.argsort(key, stable=True)
     sorted_e = key[order]

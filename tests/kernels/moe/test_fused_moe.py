@@ -19,6 +19,7 @@ import dataclasses
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from catengine.errors import ConfigError, KernelContractError
 from catengine.kernels.moe import fused as moe
@@ -319,6 +320,32 @@ def test_align_above_the_kernel_limit_uses_the_twin():
         assert torch.equal(g.cpu(), w)
 
 
+class HostValues(TorchDispatchMode):
+    """Records the ops that move a value between host and device when the tensors live on a GPU: a tensor made
+    from a Python number (``lift_fresh``, then a host-to-device copy, e.g. ``t[i] = 0``) and a read-back
+    (``_local_scalar_dense``: ``.item()``, ``int(t)``); on the CPU they show as the same ops."""
+    NAMES = ("aten.lift_fresh", "aten._local_scalar_dense", "aten.nonzero")
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if str(func).startswith(self.NAMES):
+            self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("tk", [route.ALIGN_MAX_ROWS // 2, route.ALIGN_MAX_ROWS * 2])
+def test_align_tokens_moves_nothing_between_host_and_device(tk):
+    """A long prefill's alignment (the twin above ALIGN_MAX_ROWS) stays on the device: one such copy per MoE layer
+    made every layer wait for the GPU (bench/NOTES.md, session 24)."""
+    ids = torch.randint(-1, 64, (tk // 8, 8), generator=torch.Generator().manual_seed(0)).to(torch.int32).to(DEV)
+    with HostValues() as mode:
+        route.align_tokens(ids, 64, 16)
+    assert not mode.seen
+
+
 def test_rejects_mixed_weights():
     w13 = make_experts(2, 32, 64, 32, torch.float16)
     with pytest.raises(KernelContractError, match="both"):
@@ -337,6 +364,25 @@ def test_aot_list_has_no_bf16_on_sm70():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_gpu_35b_a3b(t, dtype):
     check(t, 256, 8, 2048, 512, dtype, True, group=128, device="cuda", seed=t)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [4, 64, route.ALIGN_MAX_ROWS // 8 + 1, 8192])   # the kernel, and the twin above its limit
+def test_gpu_prefill_never_waits_for_the_device(t):
+    """Routing, alignment and the grouped GEMMs launch without a host sync (CUDA's sync debug mode): one per MoE
+    layer left the GPU idle between launches in long prefills."""
+    x = torch.randn(t, 2048, device="cuda", dtype=torch.float16)
+    w13 = make_experts(256, 2048, 1024, 128, torch.float16, device="cuda")
+    w2 = make_experts(256, 512, 2048, 128, torch.float16, device="cuda", seed=1)
+    logits = torch.randn(t, 256, device="cuda", dtype=torch.float16)
+    moe.fused_moe(x, w13, w2, *route.moe_route(logits, 8, True))   # compilation and first-call buffers
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        route.align_tokens(torch.randint(0, 256, (t, 8), device="cuda", dtype=torch.int32), 256, 64)
+        moe.fused_moe(x, w13, w2, *route.moe_route(logits, 8, True))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
 
 
 @pytest.mark.gpu
