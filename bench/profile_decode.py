@@ -53,18 +53,22 @@ def wall_per_step(engine: Engine, steps: int = 30) -> float:
     return (time.perf_counter() - t0) / steps * 1e6
 
 
+def kernel_times(prof, per: int = 1, attr: str = "device_time_total") -> dict[str, float]:
+    """us per kernel name (per ``per`` repetitions) from a finished torch.profiler run."""
+    per_kernel: dict[str, float] = defaultdict(float)
+    for ev in prof.key_averages():
+        t = getattr(ev, attr)
+        if t > 0 and ev.key not in ("", None):
+            per_kernel[ev.key] += t / per
+    return per_kernel
+
+
 def kernel_table(engine: Engine, steps: int = 20) -> tuple[dict[str, float], float]:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             engine.step()
         torch.cuda.synchronize()
-    per_kernel: dict[str, float] = defaultdict(float)
-    for ev in prof.key_averages():
-        t = getattr(ev, "device_time_total", None)
-        if t is None:
-            t = ev.cuda_time_total
-        if t > 0 and ev.key not in ("", None):
-            per_kernel[ev.key] += t / steps
+    per_kernel = kernel_times(prof, steps)
     return per_kernel, sum(per_kernel.values())
 
 

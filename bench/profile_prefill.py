@@ -4,8 +4,10 @@ engine step, and the wall time of that step, on random AWQ checkpoints with the 
 
     PYTHONPATH=. python3 bench/profile_prefill.py [--preset qwen3.6-35b-a3b] [--layers 8] [--len 8192]
 
-To compare two trees, run this file with the other tree first on PYTHONPATH and CKPT_TAG set, so each tree writes and
-reads its own checkpoint. The engine API it uses (Engine, SamplingParams, write_random_checkpoint) is older than issue 21.
+To compare two trees, run this file with the other tree's catengine first on PYTHONPATH (the engine API it uses is
+older than issue 21); both read the same checkpoint, since the random checkpoint writer did not change after df8fa90
+(set CKPT_TAG to give a tree its own). --host (cProfile), --trace (a chrome trace of host and GPU) and --sync-debug
+(CUDA's warning at each host sync) say why a wall exceeds its kernels.
 """
 from __future__ import annotations
 
@@ -14,7 +16,6 @@ import os
 import random
 import statistics
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -22,6 +23,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from catengine import Engine, SamplingParams
 from catengine.tools.random_checkpoint import write_random_checkpoint
+from profile_decode import kernel_times
 
 
 def checkpoint(preset: str, layers: int, device: str) -> Path:
@@ -85,11 +87,8 @@ def main() -> None:
             with profile(activities=[activity]) as prof:
                 prefill_once(engine, rng, length)
                 sync()
-            kernels: dict[str, float] = defaultdict(float)
-            for ev in prof.key_averages():
-                t = ev.device_time_total if activity == ProfilerActivity.CUDA else ev.self_cpu_time_total
-                if t > 0 and ev.key not in ("", None):
-                    kernels[ev.key] += t
+            kernels = kernel_times(prof, attr="device_time_total" if activity == ProfilerActivity.CUDA else
+                                   "self_cpu_time_total")
             total = sum(kernels.values())
             print(f"\n### {preset}, {args.layers} layers, prefill {length}: kernels {total:.0f} us, "
                   f"wall {statistics.median(walls):.0f} us (median of {args.reps}), "
@@ -100,7 +99,7 @@ def main() -> None:
             print(f"{len(kernels)} kernel names, {sum(ev.count for ev in prof.key_averages() if ev.device_time_total > 0)}"
                   " launches" if activity == ProfilerActivity.CUDA else "")
             if args.trace:
-                with profile(activities=[ProfilerActivity.CPU, activity]) as prof:
+                with profile(activities=sorted({ProfilerActivity.CPU, activity}, key=str)) as prof:
                     prefill_once(engine, rng, length)
                     sync()
                 prof.export_chrome_trace(f"{args.trace}-{preset}-{length}.json")
