@@ -14,12 +14,11 @@
 # The 35B-A3B goes first: from a cold machine its command writes a 19.5 GB checkpoint and compiles the MoE paths, which
 # took 240 s for the concurrent section alone on an H100 (session 23, bench/NOTES.md); the 27B's cold command took ~150 s
 # (session 22). T35 / T27 / TP bound each command (seconds), so what finished is printed even when a later one is cut;
-# MODELS picks the presets (both together need most of a 600 s device call from a cold machine). Each profile writes its own 8-layer
-# checkpoint (the "before" one under /tmp/before-*), since the two trees need not read each other's.
+# MODELS picks the presets (both together need most of a 600 s device call from a cold machine).
 #
 # "Batch-1 decode and prefill not slower than today" is an A/B on one machine: with BEFORE set, each model's run is
-# followed by the old tree's decode and prefill sections (TB seconds) on the same full-depth checkpoint (the random
-# checkpoint writer did not change since df8fa90), since the cards lent differ from lease to lease.
+# followed by the old tree's decode and prefill sections (TB seconds), since the cards lent differ from lease to lease.
+# Both trees read the same checkpoints, full depth and 8-layer: the random checkpoint writer did not change since df8fa90.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/issue21}
@@ -44,8 +43,7 @@ timeout "${TP:-150}" python3 bench/profile_decode.py --preset qwen3.5-27b --pres
 if [ -n "${BEFORE:-}" ]; then
     step "profile before"
     # the old tree's catengine ahead of this one's on the path (`python3 bench/x.py` puts only bench/ before it)
-    (cd "$BEFORE" && sed -i 's#/tmp/profile-#/tmp/before-profile-#' bench/profile_decode.py &&
-     PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" timeout "${TP:-150}" python3 bench/profile_decode.py \
+    (cd "$BEFORE" && PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" timeout "${TP:-150}" python3 bench/profile_decode.py \
         --preset qwen3.5-27b --preset qwen3.6-35b-a3b --layers 8 --batch 1 8 32 --top 8) 2>&1 |
         tee "$OUT/profile_before.txt" | grep "###\|Error"
 fi

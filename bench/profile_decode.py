@@ -23,10 +23,10 @@ from catengine import Engine, SamplingParams
 from catengine.tools.random_checkpoint import write_random_checkpoint
 
 
-def checkpoint(preset: str, layers: int) -> Path:
-    dst = Path(f"/tmp/profile-{preset}-{layers}l-awq")
+def checkpoint(preset: str, layers: int, device: str = "cuda") -> Path:
+    dst = Path(f"/tmp/profile-{preset}-{layers}l-awq" + ("" if device == "cuda" else f"-{device}"))
     if not (dst / "config.json").exists():
-        write_random_checkpoint(dst, preset, quant="awq", device="cuda", num_layers=layers, progress=False)
+        write_random_checkpoint(dst, preset, quant="awq", device=device, num_layers=layers, progress=False)
     return dst
 
 

@@ -5,14 +5,13 @@ engine step, and the wall time of that step, on random AWQ checkpoints with the 
     PYTHONPATH=. python3 bench/profile_prefill.py [--preset qwen3.6-35b-a3b] [--layers 8] [--len 8192]
 
 To compare two trees, run this file with the other tree's catengine first on PYTHONPATH (the engine API it uses is
-older than issue 21); both read the same checkpoint, since the random checkpoint writer did not change after df8fa90
-(set CKPT_TAG to give a tree its own). --host (cProfile), --trace (a chrome trace of host and GPU) and --sync-debug
+older than issue 21); both read the same checkpoint, since the random checkpoint writer did not change after df8fa90.
+--host (cProfile), --trace (a chrome trace of host and GPU) and --sync-debug
 (CUDA's warning at each host sync) say why a wall exceeds its kernels.
 """
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import statistics
 import time
@@ -22,15 +21,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from catengine import Engine, SamplingParams
-from catengine.tools.random_checkpoint import write_random_checkpoint
-from profile_decode import kernel_times
-
-
-def checkpoint(preset: str, layers: int, device: str) -> Path:
-    dst = Path(f"/tmp/profile{os.environ.get('CKPT_TAG', '')}-{preset}-{layers}l-awq")
-    if not (dst / "config.json").exists():
-        write_random_checkpoint(dst, preset, quant="awq", device=device, num_layers=layers, progress=False)
-    return dst
+from profile_decode import checkpoint, kernel_times
 
 
 def prefill_once(engine: Engine, rng: random.Random, length: int) -> None:
